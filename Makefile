@@ -1,0 +1,31 @@
+# The two commands of the README:
+#   make book   build the rendered book into _build/html, executing every chapter
+#   make test   run every test: fmlab's unit tests, the notebook checks, and every chapter under nbval
+# Both create the virtual environment .venv first when it is missing.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+# No progress bars in stored outputs; the on-disk model cache is shared by book and tests.
+export FMLAB_PROGRESS = 0
+export PYDEVD_DISABLE_FILE_VALIDATION = 1
+
+.PHONY: book test clean
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	touch $(STAMP)
+
+book: $(STAMP)
+	$(BIN)/jupyter-book build . --warningiserror --nitpick --keep-going
+	@echo "The book is in _build/html/index.html"
+
+test: $(STAMP)
+	$(BIN)/python -m pytest tests notebooks --nbval-lax --nbval-current-env
+
+clean:
+	rm -rf _build .jupyter_cache

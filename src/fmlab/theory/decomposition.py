@@ -1,0 +1,99 @@
+"""The generalization decomposition of the adaptation loss (Chapter 1, eq. 6).
+
+With :math:`L = L_{\\text{adapt}}`, :math:`\\widehat L = \\widehat L_{\\text{adapt}}`,
+:math:`\\gamma_{\\text{task}}` the constrained empirical minimiser and :math:`\\gamma^\\star` the
+constrained population minimiser (so that :math:`L(\\gamma^\\star) = L^\\star`),
+
+.. math::
+    L(\\gamma_{\\text{task}}) - L^\\star
+    = \\underbrace{[L(\\gamma_{\\text{task}}) - \\widehat L(\\gamma_{\\text{task}})]
+      + [\\widehat L(\\gamma^\\star) - L(\\gamma^\\star)]}_{\\text{generalization error}}
+      - \\underbrace{[\\widehat L(\\gamma^\\star) - \\widehat L(\\gamma_{\\text{task}})]}_{\\ge 0 \\text{ (ERM)}},
+
+so :math:`L(\\gamma_{\\text{task}}) \\le L^\\star + \\text{generalization error}`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .._validate import check_tensor
+from ..adapt import Moments, ball_constrained_least_squares, quadratic_loss
+
+__all__ = ["Decomposition", "decompose_adaptation_loss", "spearman"]
+
+
+@dataclass(frozen=True)
+class Decomposition:
+    """The terms of eq. (6) for one adaptation problem."""
+
+    adapted_loss: float  # L(gamma_task): population loss of the adapted model
+    minimal_loss: float  # L*: minimal adaptation loss
+    gap_at_task: float  # L(gamma_task) - Lhat(gamma_task)
+    gap_at_star: float  # Lhat(gamma*) - L(gamma*)
+    erm_slack: float  # Lhat(gamma*) - Lhat(gamma_task) >= 0
+    norm_task: float  # ||gamma_task||
+    norm_star: float  # ||gamma*||
+
+    @property
+    def generalization_error(self) -> float:
+        """The sum of the two gaps: the generalization error of eq. (6)."""
+        return self.gap_at_task + self.gap_at_star
+
+    @property
+    def bound(self) -> float:
+        """The right-hand side of eq. (6): :math:`L^\\star` + generalization error."""
+        return self.minimal_loss + self.generalization_error
+
+
+def decompose_adaptation_loss(empirical: Moments, population: Moments, c0: float) -> Decomposition:
+    """Solve both constrained problems exactly and return every term of eq. (6)."""
+    if not isinstance(empirical, Moments):
+        raise TypeError(f"empirical must be a Moments, got {type(empirical).__name__}")
+    if not isinstance(population, Moments):
+        raise TypeError(f"population must be a Moments, got {type(population).__name__}")
+    if empirical.b.shape != population.b.shape:
+        raise ValueError(
+            f"empirical and population must have the same feature size, got {tuple(empirical.b.shape)} "
+            f"and {tuple(population.b.shape)}"
+        )
+    g_task = ball_constrained_least_squares(empirical, c0)
+    g_star = ball_constrained_least_squares(population, c0)
+    L_task, Lhat_task = quadratic_loss(g_task, population), quadratic_loss(g_task, empirical)
+    L_star, Lhat_star = quadratic_loss(g_star, population), quadratic_loss(g_star, empirical)
+    return Decomposition(
+        adapted_loss=L_task,
+        minimal_loss=L_star,
+        gap_at_task=L_task - Lhat_task,
+        gap_at_star=Lhat_star - L_star,
+        erm_slack=Lhat_star - Lhat_task,
+        norm_task=float(g_task.norm()),
+        norm_star=float(g_star.norm()),
+    )
+
+
+def spearman(x: torch.Tensor, y: torch.Tensor) -> float:
+    """Spearman rank correlation of two 1-D tensors (average ranks for ties)."""
+    x = check_tensor("x", x, ndim=1, floating=True)
+    y = check_tensor("y", y, ndim=1, floating=True)
+    if x.shape != y.shape or x.numel() < 2:
+        raise ValueError(f"x and y must have the same length >= 2, got {x.numel()} and {y.numel()}")
+
+    def ranks(v):
+        v = v.double()
+        order = torch.argsort(v)
+        r = torch.empty_like(v)
+        r[order] = torch.arange(len(v), dtype=torch.float64)
+        for val in torch.unique(v):  # average ranks of ties
+            mask = v == val
+            r[mask] = r[mask].mean()
+        return r
+
+    rx, ry = ranks(x), ranks(y)
+    rx, ry = rx - rx.mean(), ry - ry.mean()
+    denom = float(rx.norm() * ry.norm())
+    if denom == 0.0:
+        raise ValueError("x or y is constant; the rank correlation is undefined")
+    return float(rx @ ry) / denom

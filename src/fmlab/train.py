@@ -1,0 +1,177 @@
+"""One training loop, a progress bar, and an on-disk cache of trained models.
+
+The cache is keyed by a hash of the config (:func:`fmlab.repro.config_hash`), lives in
+``$FMLAB_CACHE_DIR`` (default: ``.fmlab_cache/`` at the root of the checkout, ignored by
+git), is read with ``torch.load(weights_only=True)`` and written atomically (a temporary
+file renamed into place), so an interrupted run never leaves a corrupt entry. A clean
+build with an empty cache trains everything from scratch and gives the same numbers.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+import torch
+from torch import nn
+
+from ._validate import check_choice, check_float, check_int
+from .repro import config_hash
+
+__all__ = ["progress", "train", "TrainResult", "cache_dir", "cached"]
+
+
+def _progress_enabled() -> bool:
+    flag = os.environ.get("FMLAB_PROGRESS")
+    if flag is not None:
+        return flag.strip().lower() not in ("0", "false", "no", "off", "")
+    if "ipykernel" in sys.modules:  # a live notebook: show a widget bar
+        return True
+    return sys.stderr.isatty()
+
+
+def progress(iterable: Iterable, *, total: int | None = None, desc: str = "") -> Iterable:
+    """Wrap ``iterable`` in a tqdm bar when a person is watching.
+
+    Bars show in a terminal and in a live Jupyter kernel; the book build and the tests
+    set ``FMLAB_PROGRESS=0`` so that no bar is stored in a rendered page.
+    """
+    if not _progress_enabled():
+        return iterable
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, total=total, desc=desc, leave=False)
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train` returns: the loss at every step and the saved checkpoints."""
+
+    losses: torch.Tensor
+    checkpoints: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
+
+
+def train(
+    model: nn.Module,
+    loss_fn: Callable[[nn.Module, object], torch.Tensor],
+    sample_batch: Callable[[int], object],
+    *,
+    steps: int,
+    lr: float,
+    optimizer: str = "adam",
+    weight_decay: float = 0.0,
+    checkpoints: Iterable[int] = (),
+    desc: str = "training",
+) -> TrainResult:
+    """Minimise ``loss_fn(model, sample_batch(step))`` for ``steps`` optimiser steps.
+
+    Parameters
+    ----------
+    model : nn.Module
+        Trained in place.
+    loss_fn : callable
+        ``loss_fn(model, batch)`` returns a scalar tensor.
+    sample_batch : callable
+        ``sample_batch(step)`` returns the batch for that step (its randomness should
+        come from a seeded generator, so runs are reproducible).
+    steps : int
+        Number of optimiser steps, at least 1.
+    lr : float
+        Learning rate, > 0.
+    optimizer : {"adam", "adamw", "sgd"}
+    weight_decay : float
+        >= 0; decoupled for AdamW, an L2 term for the others.
+    checkpoints : iterable of int
+        Steps (0 = before any update, ``steps`` = the end) at which a copy of the
+        state dict is kept.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not callable(loss_fn):
+        raise TypeError("loss_fn must be callable")
+    if not callable(sample_batch):
+        raise TypeError("sample_batch must be callable")
+    steps = check_int("steps", steps, minimum=1)
+    lr = check_float("lr", lr, minimum=0.0, strict_min=True)
+    weight_decay = check_float("weight_decay", weight_decay, minimum=0.0)
+    check_choice("optimizer", optimizer, ("adam", "adamw", "sgd"))
+    keep = sorted({check_int("checkpoints", c, minimum=0, maximum=steps) for c in checkpoints})
+    opt_cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}[optimizer]
+    opt = opt_cls(model.parameters(), lr=lr, weight_decay=weight_decay)
+
+    def snapshot():
+        return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    saved: dict[int, dict[str, torch.Tensor]] = {}
+    if 0 in keep:
+        saved[0] = snapshot()
+    losses = torch.empty(steps)
+    model.train()
+    for step in progress(range(steps), total=steps, desc=desc):
+        loss = loss_fn(model, sample_batch(step))
+        if loss.ndim != 0:
+            raise ValueError(f"loss_fn must return a scalar, got shape {tuple(loss.shape)}")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses[step] = loss.detach()
+        if step + 1 in keep:
+            saved[step + 1] = snapshot()
+    model.eval()
+    return TrainResult(losses=losses, checkpoints=saved)
+
+
+def cache_dir() -> Path:
+    """The folder of the model cache: ``$FMLAB_CACHE_DIR`` or ``.fmlab_cache`` in the checkout."""
+    env = os.environ.get("FMLAB_CACHE_DIR")
+    if env:
+        path = Path(env).expanduser()
+    else:
+        root = Path(__file__).resolve().parents[2]
+        if (root / "pyproject.toml").exists():  # an editable install inside the checkout
+            path = root / ".fmlab_cache"
+        else:
+            path = Path.home() / ".cache" / "fmlab"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def cached(config, build: Callable[[], dict], *, name: str) -> dict:
+    """Return ``build()``, computed once per config and kept on disk.
+
+    Parameters
+    ----------
+    config
+        A frozen dataclass (or dict) that fully determines what ``build`` returns.
+    build : callable
+        Computes the entry: a dict of tensors, numbers, strings and nested lists/dicts
+        of them (whatever ``torch.load(weights_only=True)`` accepts).
+    name : str
+        A readable prefix for the file name, e.g. the chapter's model name.
+    """
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"name must be an identifier-like string, got {name!r}")
+    if not callable(build):
+        raise TypeError("build must be callable")
+    path = cache_dir() / f"{name}-{config_hash(config)}.pt"
+    if path.exists():
+        try:
+            return torch.load(path, weights_only=True)
+        except Exception:  # unreadable entry (e.g. written by another torch): rebuild it
+            path.unlink(missing_ok=True)
+    value = build()
+    if not isinstance(value, dict):
+        raise TypeError(f"build must return a dict, got {type(value).__name__}")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            torch.save(value, fh)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return value

@@ -1,0 +1,3 @@
+import os
+
+os.environ.setdefault("FMLAB_PROGRESS", "0")

@@ -1,0 +1,155 @@
+"""Tests of fmlab's core: validation, seeding, claims, the training loop and its cache."""
+
+import os
+import re
+from dataclasses import dataclass
+
+import pytest
+import torch
+from torch import nn
+
+import fmlab
+from fmlab import ClaimFailed, cached, claim, claims_table, config_hash, reset_claims, seed_everything, train
+from fmlab._validate import check_float, check_int, check_tensor
+
+
+# -- validation -------------------------------------------------------------------
+def test_check_int_names_argument():
+    with pytest.raises(TypeError, match="steps must be an integer"):
+        check_int("steps", 1.5)
+    with pytest.raises(ValueError, match="steps must be >= 1"):
+        check_int("steps", 0, minimum=1)
+    with pytest.raises(TypeError, match="flag"):
+        check_int("flag", True)
+
+
+def test_check_float_and_tensor():
+    with pytest.raises(ValueError, match="lr must be > 0"):
+        check_float("lr", 0.0, minimum=0.0, strict_min=True)
+    with pytest.raises(ValueError, match="finite"):
+        check_float("lr", float("nan"))
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        check_tensor("x", [1.0])
+    with pytest.raises(ValueError, match="x must have 2 dimensions"):
+        check_tensor("x", torch.zeros(3), ndim=2)
+    with pytest.raises(ValueError, match="size 4 along axis 1"):
+        check_tensor("x", torch.zeros(3, 5), shape=(None, 4))
+    with pytest.raises(TypeError, match="floating dtype"):
+        check_tensor("x", torch.zeros(3, dtype=torch.long), floating=True)
+    with pytest.raises(ValueError, match="NaN"):
+        check_tensor("x", torch.tensor([float("nan")]))
+
+
+# -- seeding ----------------------------------------------------------------------
+def test_seed_everything_reproduces_numbers():
+    seed_everything(3)
+    a = torch.randn(5)
+    seed_everything(3)
+    b = torch.randn(5)
+    assert torch.equal(a, b)
+    g1, g2 = fmlab.make_generator(7), fmlab.make_generator(7)
+    assert torch.equal(torch.rand(4, generator=g1), torch.rand(4, generator=g2))
+    with pytest.raises(ValueError, match="seed"):
+        seed_everything(-1)
+
+
+@dataclass(frozen=True)
+class _Cfg:
+    a: int = 1
+    b: float = 0.5
+    name: str = "x"
+
+
+def test_config_hash_is_stable_and_sensitive():
+    assert config_hash(_Cfg()) == config_hash(_Cfg())
+    assert config_hash(_Cfg()) != config_hash(_Cfg(b=0.25))
+    assert re.fullmatch(r"[0-9a-f]{16}", config_hash(_Cfg()))
+    with pytest.raises(TypeError, match="config"):
+        config_hash({"bad": object()})
+
+
+# -- claims -----------------------------------------------------------------------
+def test_claim_verifies_and_raises():
+    reset_claims()
+    shown = claim("two is bigger than one", 2 > 1, "2 > 1")
+    assert "verified" in repr(shown) and "2 > 1" in repr(shown)
+    assert "✔ verified" in shown._repr_html_()
+    with pytest.raises(ClaimFailed, match="one is bigger than two"):
+        claim("one is bigger than two", 1 > 2, "1 < 2")
+    assert len(claims_table().records) == 1
+    with pytest.raises(TypeError, match="condition must be a bool"):
+        claim("a tensor is not a verdict", torch.tensor([1.0, 2.0]))
+    assert "verified" in repr(claim("tensor bool", torch.tensor(True)))
+    with pytest.raises(TypeError, match="statement"):
+        claim("", True)
+
+
+# -- training and cache -----------------------------------------------------------
+def _fit_line(steps=200):
+    seed_everything(0)
+    model = nn.Linear(1, 1)
+    x = torch.linspace(-1, 1, 64).unsqueeze(1)
+    y = 3 * x - 1
+    res = train(model, lambda m, b: (m(b[0]) - b[1]).pow(2).mean(), lambda step: (x, y),
+                steps=steps, lr=0.05, checkpoints=(0, steps))
+    return model, res
+
+
+def test_train_fits_a_line_and_keeps_checkpoints():
+    model, res = _fit_line()
+    assert res.losses[-1] < 1e-3 < res.losses[0]
+    assert set(res.checkpoints) == {0, 200}
+    assert torch.allclose(model.weight, torch.tensor([[3.0]]), atol=0.05)
+    with pytest.raises(ValueError, match="steps"):
+        train(model, lambda m, b: m(b).sum(), lambda s: torch.zeros(1, 1), steps=0, lr=0.1)
+    with pytest.raises(ValueError, match="optimizer"):
+        train(model, lambda m, b: m(b).sum(), lambda s: torch.zeros(1, 1), steps=1, lr=0.1, optimizer="lbfgs")
+
+
+def test_train_is_deterministic():
+    _, a = _fit_line(50)
+    _, b = _fit_line(50)
+    assert torch.equal(a.losses, b.losses)
+
+
+def test_cache_builds_once_and_survives_interruption(tmp_path, monkeypatch):
+    monkeypatch.setenv("FMLAB_CACHE_DIR", str(tmp_path))
+    calls = []
+
+    def build():
+        calls.append(1)
+        return {"w": torch.arange(3.0)}
+
+    first = cached(_Cfg(), build, name="demo")
+    second = cached(_Cfg(), build, name="demo")
+    assert torch.equal(first["w"], second["w"]) and len(calls) == 1
+    cached(_Cfg(a=2), build, name="demo")
+    assert len(calls) == 2
+    # a corrupt entry (as left by a crash of an older, non-atomic writer) is rebuilt
+    entry = next(tmp_path.glob(f"demo-{config_hash(_Cfg())}.pt"))
+    entry.write_bytes(b"not a checkpoint")
+    assert torch.equal(cached(_Cfg(), build, name="demo")["w"], torch.arange(3.0))
+    assert len(calls) == 3
+    # a build that fails leaves no entry and no temporary file behind
+    with pytest.raises(RuntimeError):
+        cached(_Cfg(a=9), lambda: (_ for _ in ()).throw(RuntimeError("boom")), name="demo")
+    assert not list(tmp_path.glob(f"demo-{config_hash(_Cfg(a=9))}*"))
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+    with pytest.raises(ValueError, match="name"):
+        cached(_Cfg(), build, name="not a name")
+
+
+def test_cache_write_is_atomic(tmp_path, monkeypatch):
+    """Interrupt torch.save halfway: the entry must not exist afterwards."""
+    monkeypatch.setenv("FMLAB_CACHE_DIR", str(tmp_path))
+    real_save = torch.save
+
+    def exploding_save(obj, f, *a, **k):
+        f.write(b"partial")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", exploding_save)
+    with pytest.raises(KeyboardInterrupt):
+        cached(_Cfg(a=5), lambda: {"w": torch.ones(2)}, name="demo")
+    monkeypatch.setattr(torch, "save", real_save)
+    assert list(tmp_path.iterdir()) == []
