@@ -1,6 +1,7 @@
 # The two commands of the README:
 #   make book   build the rendered book into _build/html, executing every chapter
-#   make test   run every test: fmlab's unit tests, the notebook checks, and every chapter under nbval
+#   make test   run every test: fmlab's unit tests, the notebook checks, every chapter under
+#               nbval, and the rendered book in headless Chromium (it builds the book first)
 # Both create the virtual environment .venv first when it is missing.
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
@@ -21,10 +22,11 @@ $(STAMP): requirements.txt pyproject.toml
 	touch $(STAMP)
 
 book: $(STAMP)
+	bash scripts/web_assets.sh
 	$(BIN)/jupyter-book build . --warningiserror --nitpick --keep-going
 	@echo "The book is in _build/html/index.html"
 
-test: $(STAMP)
+test: book
 	$(BIN)/python -m pytest tests notebooks --nbval-lax --nbval-current-env
 
 clean:

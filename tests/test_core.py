@@ -69,17 +69,21 @@ def test_config_hash_is_stable_and_sensitive():
 
 
 # -- claims -----------------------------------------------------------------------
-def test_claim_verifies_and_raises():
+def test_claim_verifies_and_raises(capsys):
     reset_claims()
-    shown = claim("two is bigger than one", 2 > 1, "2 > 1")
-    assert "verified" in repr(shown) and "2 > 1" in repr(shown)
-    assert "✔ verified" in shown._repr_html_()
+    assert claim("two is bigger than one", 2 > 1, "2 > 1") is None
+    shown = capsys.readouterr().out
+    assert "✔ verified: two is bigger than one (2 > 1)" in shown
+    from fmlab.claims import _Verified
+
+    assert "✔ verified" in _Verified("s", "e")._repr_html_()
     with pytest.raises(ClaimFailed, match="one is bigger than two"):
         claim("one is bigger than two", 1 > 2, "1 < 2")
     assert len(claims_table().records) == 1
     with pytest.raises(TypeError, match="condition must be a bool"):
         claim("a tensor is not a verdict", torch.tensor([1.0, 2.0]))
-    assert "verified" in repr(claim("tensor bool", torch.tensor(True)))
+    claim("tensor bool", torch.tensor(True))
+    assert "tensor bool" in capsys.readouterr().out
     with pytest.raises(TypeError, match="statement"):
         claim("", True)
 

@@ -60,7 +60,20 @@ class _Verified:
         )
 
 
-def claim(statement: str, condition, evidence: str = "") -> _Verified:
+def _show(obj) -> None:
+    """Display ``obj`` in a notebook (every claim of a cell, not just the last) or print it."""
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+    except ImportError:  # pragma: no cover - IPython is a dependency of the book
+        get_ipython = None
+    if get_ipython is not None and get_ipython() is not None:
+        display(obj)
+    else:
+        print(repr(obj))
+
+
+def claim(statement: str, condition, evidence: str = "") -> None:
     """Check a claim the text makes and show that it was verified.
 
     Parameters
@@ -72,9 +85,8 @@ def claim(statement: str, condition, evidence: str = "") -> _Verified:
     evidence : str
         The numbers behind the verdict, shown to the reader.
 
-    Returns
-    -------
-    An object that notebooks display as a green "verified" line.
+    The verified line is displayed at once (a green line in a notebook, a plain line in
+    a terminal), so a cell may check several claims, in a loop if need be.
 
     Raises
     ------
@@ -89,7 +101,7 @@ def claim(statement: str, condition, evidence: str = "") -> _Verified:
         raise ClaimFailed(f"claim failed: {statement} (evidence: {evidence})")
     _RECORDS[:] = [r for r in _RECORDS if r.statement != statement]
     _RECORDS.append(ClaimRecord(statement, evidence))
-    return _Verified(statement, evidence)
+    _show(_Verified(statement, evidence))
 
 
 def reset_claims() -> None:

@@ -1,0 +1,220 @@
+"""The rendered book, tested in a real browser (headless Chromium driven by Selenium).
+
+For every page of the table of contents: it loads with no console error and no failed or
+off-site request; its math is typeset; every image loads; every internal link resolves;
+and every slider figure changes its picture when its slider moves, with no kernel. A
+screenshot of every page is saved to ``_build/screenshots/``.
+
+Needs a built book (``make book``; ``make test`` builds it first), Debian's ``chromium``
+and ``chromedriver``. Without a browser the tests skip with a loud reason, unless
+``FMLAB_REQUIRE_BROWSER=1`` (set by ``.ci/run``), which turns that skip into a failure.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import http.server
+import json
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+HTML = ROOT / "_build" / "html"
+SHOTS = ROOT / "_build" / "screenshots"
+REQUIRED = os.environ.get("FMLAB_REQUIRE_BROWSER", "") not in ("", "0")
+
+
+def _unavailable(reason: str):
+    message = f"BROWSER TEST NOT RUN: {reason}"
+    print("\n" + "!" * 78 + f"\n{message}\n" + "!" * 78)
+    if REQUIRED:
+        pytest.fail(message + " (FMLAB_REQUIRE_BROWSER=1 makes this a failure)")
+    pytest.skip(message)
+
+
+def _toc_pages() -> list[str]:
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    pages = [toc["root"]]
+
+    def walk(entries):
+        for e in entries or []:
+            if "file" in e:
+                pages.append(e["file"])
+            walk(e.get("sections"))
+            walk(e.get("chapters"))
+
+    for part in toc.get("parts", []):
+        walk(part.get("chapters"))
+    walk(toc.get("chapters"))
+    return [p.removesuffix(".md").removesuffix(".ipynb") for p in pages]
+
+
+PAGES = _toc_pages()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def server():
+    if not (HTML / "index.html").exists():
+        _unavailable(f"no built book at {HTML}; run `make book` first")
+    handler = functools.partial(_QuietHandler, directory=str(HTML))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    chrome = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver_path = shutil.which("chromedriver")
+    if not chrome or not driver_path:
+        _unavailable("Chromium and chromedriver are not installed (apt-get install chromium chromium-driver)")
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        _unavailable("selenium is not installed in this environment")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = chrome
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage", "--window-size=1280,1000", "--hide-scrollbars"):
+        opts.add_argument(flag)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
+    driver = webdriver.Chrome(service=Service(executable_path=driver_path), options=opts)
+    driver.set_page_load_timeout(60)
+    driver.set_script_timeout(60)
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    yield driver
+    driver.quit()
+
+
+def _network_events(driver):
+    events = []
+    for entry in driver.get_log("performance"):
+        msg = json.loads(entry["message"])["message"]
+        events.append((msg["method"], msg.get("params", {})))
+    return events
+
+
+def _wait(driver, script, timeout=30.0, what="condition"):
+    end = time.time() + timeout
+    while time.time() < end:
+        if driver.execute_script(script):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _screenshot(driver, name: str) -> None:
+    height = driver.execute_script("return Math.min(document.documentElement.scrollHeight, 30000)")
+    shot = driver.execute_cdp_cmd("Page.captureScreenshot", {
+        "format": "png", "captureBeyondViewport": True,
+        "clip": {"x": 0, "y": 0, "width": 1280, "height": height, "scale": 1},
+    })
+    (SHOTS / f"{name.replace('/', '__')}.png").write_bytes(base64.b64decode(shot["data"]))
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_page_in_browser(page, server, browser):
+    driver = browser
+    driver.get_log("browser")
+    driver.get_log("performance")  # drop what earlier pages left
+    driver.get(f"{server}/{page}.html")
+    _wait(driver, "return document.readyState === 'complete'", what="the page to load")
+    source = (HTML / f"{page}.html").read_text()
+
+    # math: typeset by the MathJax served from the site itself
+    if 'class="math' in source:
+        driver.set_script_timeout(60)
+        n_math = driver.execute_async_script(
+            "const done = arguments[0];"
+            "const wait = () => (window.MathJax && MathJax.startup && MathJax.startup.promise)"
+            "  ? MathJax.startup.promise.then(() => done(document.querySelectorAll('mjx-container').length))"
+            "  : setTimeout(wait, 100);"
+            "wait();"
+        )
+        assert n_math > 0, f"{page}: the page has math but MathJax typeset nothing"
+        errors = driver.execute_script("return document.querySelectorAll('mjx-merror').length")
+        assert errors == 0, f"{page}: {errors} formulas failed to typeset"
+
+    # widgets: rendered from the stored state, without a kernel
+    has_widgets = "application/vnd.jupyter.widget-view+json" in source
+    if has_widgets:
+        _wait(driver, "return document.querySelectorAll('.jupyter-widgets .widget-slider').length > 0",
+              what="the widgets to render")
+
+    # every image loads
+    _wait(driver, "return Array.from(document.images).every(i => i.complete)", what="images to load")
+    broken = driver.execute_script(
+        "return Array.from(document.images).filter(i => i.naturalWidth === 0 && i.offsetParent !== null)"
+        ".map(i => i.src.slice(0, 80))")
+    assert not broken, f"{page}: images that did not load: {broken}"
+
+    # internal links resolve to files of the built site
+    hrefs = driver.execute_script("return Array.from(document.querySelectorAll('a[href]')).map(a => a.href)")
+    missing = []
+    for href in hrefs:
+        url = urlparse(href)
+        if url.scheme in ("http", "https") and url.netloc == urlparse(server).netloc:
+            target = HTML / unquote(url.path).lstrip("/")
+            if target.is_dir():
+                target = target / "index.html"
+            if not target.exists():
+                missing.append(href)
+    assert not missing, f"{page}: links to missing pages: {sorted(set(missing))[:10]}"
+
+    driver.execute_script("window.scrollTo(0, 0)")
+    _screenshot(driver, page)
+
+    # every slider figure changes its picture when its slider moves
+    if has_widgets:
+        from selenium.webdriver.common.keys import Keys
+
+        boxes = driver.find_elements("css selector", ".jp-OutputArea-output .widget-vbox, .cell_output .widget-vbox")
+        figures = [b for b in boxes if b.find_elements("css selector", ".widget-slider")
+                   and b.find_elements("css selector", "img")]
+        assert figures, f"{page}: widgets but no slider figure rendered"
+        visible = ("return Array.from(arguments[0].querySelectorAll('img'))"
+                   ".filter(i => i.offsetParent !== null).map(i => i.src.slice(-120))")
+        for fig in figures:
+            for handle in fig.find_elements("css selector", ".noUi-handle"):
+                before = driver.execute_script(visible, fig)
+                assert len(before) == 1, f"{page}: expected one visible image, got {len(before)}"
+                driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", handle)
+                handle.send_keys(Keys.END if handle.get_attribute("aria-valuenow") != handle.get_attribute("aria-valuemax") else Keys.HOME)
+                time.sleep(0.3)
+                after = driver.execute_script(visible, fig)
+                assert after != before, f"{page}: moving a slider did not change the picture"
+
+    # no console errors; no failed, erroring or off-site requests
+    severe = [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    assert not severe, f"{page}: console errors: {severe[:5]}"
+    host = urlparse(server).netloc
+    offsite, failed = set(), []
+    for method, params in _network_events(driver):
+        if method == "Network.requestWillBeSent":
+            url = params["request"]["url"]
+            scheme = urlparse(url).scheme
+            if scheme not in ("data", "blob", "about") and urlparse(url).netloc != host:
+                offsite.add(url)
+        elif method == "Network.loadingFailed" and not params.get("canceled"):
+            failed.append(params.get("errorText"))
+        elif method == "Network.responseReceived" and params["response"]["status"] >= 400:
+            failed.append(f"{params['response']['status']} {params['response']['url']}")
+    assert not offsite, f"{page}: requests to other hosts: {sorted(offsite)[:5]}"
+    assert not failed, f"{page}: failed requests: {failed[:5]}"
