@@ -218,3 +218,20 @@ def test_page_in_browser(page, server, browser):
             failed.append(f"{params['response']['status']} {params['response']['url']}")
     assert not offsite, f"{page}: requests to other hosts: {sorted(offsite)[:5]}"
     assert not failed, f"{page}: failed requests: {failed[:5]}"
+
+
+def test_search_finds_chapter_content(server, browser):
+    """The site's own search (no server needed) finds words that only a chapter contains."""
+    browser.get(f"{server}/search.html?q=decomposition")
+    _wait(browser, "return document.querySelectorAll('#search-results li').length > 0", timeout=30,
+          what="search results")
+    links = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#search-results li a')).map(a => a.href)")
+    assert any("notebooks/01-" in link for link in links), f"search did not find Chapter 1: {links[:5]}"
+
+
+def test_site_size_within_budget():
+    if not (HTML / "index.html").exists():
+        _unavailable(f"no built book at {HTML}; run `make book` first")
+    size = sum(p.stat().st_size for p in HTML.rglob("*") if p.is_file())
+    assert size <= 60 * 2**20, f"the built site is {size / 2**20:.1f} MB, over its 60 MB budget"

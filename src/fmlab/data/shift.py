@@ -1,0 +1,140 @@
+"""A world with a style shift: the pretraining, ID and OOD distributions of Chapter 3.
+
+Each example has a *content* vector :math:`z \\in \\mathbb{R}^p` and a *style*
+:math:`j \\in \\{0, \\dots, J-1\\}`. The content comes from one of :math:`K` object types
+(clusters),
+
+.. math::
+    t \\sim \\mathrm{Unif}\\{1,\\dots,K\\}, \\qquad z = \\mu_t + \\tau\\,\\xi, \\qquad \\xi \\sim N(0, I_p),
+
+and the style decides how the content is rendered into the input,
+
+.. math::
+    x = R_j z + \\sigma\\,\\varepsilon \\in \\mathbb{R}^D, \\qquad \\varepsilon \\sim N(0, I_D),
+
+where the :math:`R_j \\in \\mathbb{R}^{D\\times p}` have orthonormal columns and the column
+spaces of different styles are mutually orthogonal (:math:`Jp \\le D`): the same object
+drawn as a photo or as a sketch activates disjoint input directions. This is the
+nonlinear cousin of the linear theory's assumption that OOD inputs have components
+orthogonal to the span of the ID training inputs.
+
+* **Pretraining (source) distribution**: every style, uniformly; the pretraining label is
+  the object type :math:`t` (a 16-way classification, like supervised ImageNet pretraining).
+* **Downstream task**: :math:`C` classes given by a fixed linear rule on the content,
+  :math:`y = \\arg\\max_c (Wz)_c`, which cuts across object types, so a representation
+  trained to recognise types carries it only in part.
+* **ID** data: style 0 (what the labelled examples look like). **OOD** data: the other
+  styles, with the same labelling rule (a pure style shift).
+
+Used in Chapter 3 (``notebooks/03-lp-vs-ft.ipynb``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .._validate import check_float, check_int, check_tensor
+from ..repro import make_generator
+
+__all__ = ["StyleShiftConfig", "StyleShiftWorld", "LabelledSample"]
+
+
+@dataclass(frozen=True)
+class StyleShiftConfig:
+    """Parameters of :class:`StyleShiftWorld`; ``seed`` fixes the world (means, rule, styles)."""
+
+    dim_input: int = 48
+    dim_content: int = 8
+    n_styles: int = 4
+    n_types: int = 16
+    n_classes: int = 4
+    type_spread: float = 1.5
+    content_noise: float = 0.6
+    input_noise: float = 0.02
+    seed: int = 0
+
+    def __post_init__(self):
+        D = check_int("dim_input", self.dim_input, minimum=2)
+        p = check_int("dim_content", self.dim_content, minimum=1)
+        J = check_int("n_styles", self.n_styles, minimum=2)
+        if J * p > D:
+            raise ValueError(f"n_styles * dim_content must be <= dim_input, got {J} * {p} > {D}")
+        check_int("n_types", self.n_types, minimum=2)
+        check_int("n_classes", self.n_classes, minimum=2)
+        check_float("type_spread", self.type_spread, minimum=0.0, strict_min=True)
+        check_float("content_noise", self.content_noise, minimum=0.0)
+        check_float("input_noise", self.input_noise, minimum=0.0)
+        check_int("seed", self.seed, minimum=0)
+
+
+@dataclass(frozen=True)
+class LabelledSample:
+    """Inputs ``x (n, D)`` float32, and int64 ``types``, ``labels`` and ``styles`` ``(n,)``."""
+
+    x: torch.Tensor
+    types: torch.Tensor
+    labels: torch.Tensor
+    styles: torch.Tensor
+
+    def __len__(self) -> int:
+        return self.x.shape[0]
+
+
+class StyleShiftWorld:
+    """The distributions of the module docstring, with exact sampling."""
+
+    def __init__(self, config: StyleShiftConfig = StyleShiftConfig()):
+        if not isinstance(config, StyleShiftConfig):
+            raise TypeError(f"config must be a StyleShiftConfig, got {type(config).__name__}")
+        self.config = c = config
+        g = make_generator(c.seed)
+        q, _ = torch.linalg.qr(torch.randn(c.dim_input, c.dim_input, generator=g, dtype=torch.float64))
+        p = c.dim_content
+        #: (J, D, p): style j renders content through render[j]
+        self.render = torch.stack([q[:, j * p:(j + 1) * p] for j in range(c.n_styles)])
+        #: (K, p): the mean content of each object type
+        self.type_means = c.type_spread * torch.randn(c.n_types, p, generator=g, dtype=torch.float64)
+        #: (C, p): the downstream rule y = argmax_c (W z)_c
+        self.rule = torch.randn(c.n_classes, p, generator=g, dtype=torch.float64)
+
+    def sample(self, n: int, styles, generator: torch.Generator) -> LabelledSample:
+        """Draw ``n`` examples whose style is drawn uniformly from ``styles`` (a sequence of ints)."""
+        n = check_int("n", n, minimum=1)
+        if not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+        styles = [check_int("styles", s, minimum=0, maximum=self.config.n_styles - 1) for s in styles]
+        if not styles:
+            raise ValueError("styles must name at least one style")
+        c = self.config
+        pick = torch.randint(len(styles), (n,), generator=generator)
+        style = torch.tensor(styles, dtype=torch.long)[pick]
+        t = torch.randint(c.n_types, (n,), generator=generator)
+        z = self.type_means[t] + c.content_noise * torch.randn(n, c.dim_content, generator=generator, dtype=torch.float64)
+        x = torch.einsum("ndp,np->nd", self.render[style], z)
+        x = x + c.input_noise * torch.randn(n, c.dim_input, generator=generator, dtype=torch.float64)
+        y = (z @ self.rule.T).argmax(1)
+        return LabelledSample(x=x.float(), types=t, labels=y, styles=style)
+
+    def source(self, n: int, generator: torch.Generator) -> LabelledSample:
+        """Pretraining data: every style."""
+        return self.sample(n, range(self.config.n_styles), generator)
+
+    def in_distribution(self, n: int, generator: torch.Generator) -> LabelledSample:
+        """ID data: style 0."""
+        return self.sample(n, (0,), generator)
+
+    def out_of_distribution(self, n: int, generator: torch.Generator) -> LabelledSample:
+        """OOD data: every style but 0."""
+        return self.sample(n, range(1, self.config.n_styles), generator)
+
+    def style_coordinates(self, x: torch.Tensor) -> torch.Tensor:
+        """The energy of each input in each style's subspace, ``(n, J)``: :math:`\\lVert R_j^\\top x\\rVert^2`."""
+        x = check_tensor("x", x, shape=(None, self.config.dim_input), floating=True).double()
+        return torch.einsum("jdp,nd->njp", self.render, x).pow(2).sum(-1)
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"StyleShiftWorld(D={c.dim_input}, p={c.dim_content}, styles={c.n_styles}, "
+                f"types={c.n_types}, classes={c.n_classes}, seed={c.seed})")
