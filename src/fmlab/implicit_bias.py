@@ -1,0 +1,453 @@
+"""Same pretraining loss, different downstream: the experiment of Chapter 5.
+
+Used in Chapter 5 (``notebooks/05-implicit-bias.ipynb``). The pieces:
+
+* the language: :class:`fmlab.data.hmm_language.HMMLanguage`, whose masked-token
+  conditionals :math:`p^\\star(\\cdot \\mid x_{-t})` are exact, so the pretraining loss of a model
+  splits into the entropy (the optimum) plus a KL *gap* (:func:`kl_gap`);
+* the model: an ensemble of bidirectional-GRU masked LMs
+  (:class:`fmlab.models.masked_lm.BiGRUMaskedLM`), one member per seed;
+* flatness: the trace of the Hessian of the masked-LM loss by the sampled-label (Fisher)
+  estimator (:func:`mlm_fisher_trace`), by Hutchinson's estimator on the true-label loss
+  (:func:`mlm_hutchinson_trace`), and the trace of the covariance of the single-mask
+  stochastic gradient (:func:`mlm_gradient_covariance_trace`) for the Bartlett identity;
+* transfer: a ridge linear probe on the concatenated contextual representations that
+  predicts the *block* of the hidden state at one position (:func:`ridge_probe_accuracy`),
+  and the same probe on the exact conditional probabilities (the "look-up table");
+* three ways to reach (nearly) the same pretraining loss: Adam pretraining, continued
+  SGD after convergence, and an adversarial meta-learning objective
+  (:func:`adversarial_probe_loss`) that keeps the loss and spoils linear transfer.
+
+:func:`same_loss_experiment` runs all of it for one config and returns plain tensors
+(cached on disk by the notebook through :func:`fmlab.cached`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call, grad, vmap
+
+from ._validate import check_float, check_int, check_tensor
+from .data.hmm_language import HMMLanguage, HMMLanguageConfig
+from .models.masked_lm import BiGRUMaskedLM, masked_lm_loss
+from .repro import make_generator
+from .theory.flatness import TraceEstimate, fisher_trace, hutchinson_trace
+from .train import progress
+
+__all__ = [
+    "SameLossConfig",
+    "kl_gap",
+    "mlm_fisher_trace",
+    "mlm_hutchinson_trace",
+    "mlm_gradient_covariance_trace",
+    "ridge_probe_accuracy",
+    "probe_curve",
+    "adversarial_probe_loss",
+    "train_phase",
+    "same_loss_experiment",
+    "single_threaded",
+]
+
+
+# ---------------------------------------------------------------------------------
+# the loss gap
+# ---------------------------------------------------------------------------------
+def kl_gap(model: BiGRUMaskedLM, tokens: torch.Tensor, true_conditionals: torch.Tensor) -> torch.Tensor:
+    """:math:`\\mathbb{E}_{x,t}\\,\\mathrm{KL}(p^\\star(\\cdot\\mid x_{-t})\\,\\|\\,p_\\theta(\\cdot\\mid x_{-t}))` for each member: ``(E,)``.
+
+    The masked-LM loss of a member is the entropy of the language plus this gap, so it is
+    the excess pretraining loss, measured without the sampling noise of the tokens.
+    ``true_conditionals`` are ``language.masked_conditionals(tokens)``, ``(n, T, V)``.
+    """
+    tokens = model.check_tokens(tokens)
+    p = check_tensor("true_conditionals", true_conditionals, ndim=3, floating=True).double()
+    if tokens.ndim != 3 or p.shape[:2] != tokens.shape[1:] or p.shape[2] != model.vocab_size:
+        raise ValueError("true_conditionals must have shape (n, T, V) matching tokens (n, T)")
+    with torch.no_grad():
+        logq = F.log_softmax(model(tokens).double(), dim=-1)
+    return (p * (p.clamp_min(1e-300).log() - logq)).sum(-1).mean((1, 2))
+
+
+# ---------------------------------------------------------------------------------
+# flatness of the masked-LM loss
+# ---------------------------------------------------------------------------------
+def _params(model):
+    return {k: v.detach() for k, v in model.named_parameters()}
+
+
+def mlm_fisher_trace(model: BiGRUMaskedLM, tokens: torch.Tensor, *, n_labels: int = 1,
+                     generator: torch.Generator | None = None) -> TraceEstimate:
+    """Sampled-label estimate of :math:`\\operatorname{tr}\\nabla^2 L_{\\text{pre}}` for each member.
+
+    :math:`L_{\\text{pre}} = \\mathbb{E}_x \\frac1T\\sum_t -\\log p_\\theta(x_t\\mid x_{-t})`. Labels for
+    all :math:`T` positions are drawn independently from the model, and
+    :math:`\\frac1T\\lVert\\nabla_\\theta \\sum_t \\log p_\\theta(y_t\\mid x_{-t})\\rVert^2` is averaged over
+    sentences (see :func:`fmlab.theory.flatness.fisher_trace`). Returns the estimate of
+    the sum over members in ``value`` and each member's in ``per_group``.
+    """
+    if not isinstance(model, BiGRUMaskedLM):
+        raise TypeError(f"model must be a BiGRUMaskedLM, got {type(model).__name__}")
+    tokens = check_tensor("tokens", tokens, ndim=2, integer=True)
+    T = tokens.shape[1]
+
+    def logits_fn(p, x):
+        return functional_call(model, p, (x,))
+
+    def log_prob(p, x, y):  # one sentence x (T,), labels y (E, T)
+        lg = functional_call(model, p, (x[None],))[:, 0]
+        return F.log_softmax(lg, dim=-1).gather(-1, y[..., None]).sum()
+
+    est = fisher_trace(log_prob, logits_fn, _params(model), tokens, n_labels=n_labels,
+                       generator=generator, groups=model.n_models)
+    return TraceEstimate(est.value / T, est.stderr / T, est.n, est.per_group / T, est.per_group_stderr / T)
+
+
+def mlm_hutchinson_trace(model: BiGRUMaskedLM, tokens: torch.Tensor, *, n_probes: int = 32,
+                         generator: torch.Generator | None = None) -> TraceEstimate:
+    """Hutchinson's estimate of the trace of the Hessian of the true-label loss on ``tokens``."""
+    if not isinstance(model, BiGRUMaskedLM):
+        raise TypeError(f"model must be a BiGRUMaskedLM, got {type(model).__name__}")
+    tokens = model.check_tokens(tokens)[0]
+
+    def loss(p):
+        lg = functional_call(model, p, (tokens,))
+        E, n, T, V = lg.shape
+        nll = F.cross_entropy(lg.reshape(-1, V), tokens.expand(E, n, T).reshape(-1), reduction="none")
+        return nll.reshape(E, -1).mean(1).sum()
+
+    return hutchinson_trace(loss, _params(model), n_probes=n_probes, generator=generator,
+                            chunk=8, groups=model.n_models)
+
+
+def mlm_gradient_covariance_trace(model: BiGRUMaskedLM, tokens: torch.Tensor) -> torch.Tensor:
+    """:math:`\\operatorname{tr}\\Sigma` of the single-mask stochastic gradient, for each member: ``(E,)``.
+
+    One stochastic gradient is :math:`g = \\nabla_\\theta[-\\log p_\\theta(x_t\\mid x_{-t})]` for a
+    sentence :math:`x` and a uniform position :math:`t` (the true token as label);
+    :math:`\\operatorname{tr}\\Sigma = \\mathbb{E}\\lVert g\\rVert^2 - \\lVert\\mathbb{E} g\\rVert^2`, over all
+    (sentence, position) pairs of ``tokens``. The Bartlett identity says it equals
+    :math:`\\operatorname{tr}\\nabla^2 L_{\\text{pre}}` at a minimiser of a well-specified model.
+    """
+    if not isinstance(model, BiGRUMaskedLM):
+        raise TypeError(f"model must be a BiGRUMaskedLM, got {type(model).__name__}")
+    tokens = model.check_tokens(tokens)[0]
+    n, T = tokens.shape
+    params = _params(model)
+
+    def nll(p, x, t):  # t is a one-hot (T,) vector marking the masked position
+        lg = functional_call(model, p, (x[None],))[:, 0]  # (E, T, V)
+        logp = F.log_softmax(lg, dim=-1).gather(-1, x.expand(lg.shape[0], -1)[..., None])[..., 0]
+        return -(logp * t).sum()
+
+    xs = tokens.repeat_interleave(T, dim=0)
+    ts = F.one_hot(torch.arange(T).repeat(n), T).to(torch.get_default_dtype())
+    E = model.n_models
+    sq = torch.zeros(E, dtype=torch.float64)
+    mean = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in params.items()}
+    per = vmap(grad(nll), in_dims=(None, 0, 0))
+    for start in range(0, n * T, 512):
+        gs = per(params, xs[start : start + 512], ts[start : start + 512])
+        for k, g in gs.items():
+            g = g.double()
+            sq += g.reshape(g.shape[0], E, -1).pow(2).sum(2).sum(0)
+            mean[k] += g.sum(0)
+    N = n * T
+    mean_sq = sum((m / N).reshape(E, -1).pow(2).sum(1) for m in mean.values())
+    return sq / N - mean_sq
+
+
+# ---------------------------------------------------------------------------------
+# linear probes
+# ---------------------------------------------------------------------------------
+def _standardize(train: torch.Tensor, test: torch.Tensor):
+    mu, sd = train.mean(0), train.std(0) + 1e-6
+    one = lambda z: torch.cat([(z - mu) / sd, torch.ones(len(z), 1, dtype=z.dtype)], 1)  # noqa: E731
+    return one(train), one(test)
+
+
+def ridge_probe_accuracy(train_features: torch.Tensor, train_labels: torch.Tensor,
+                         test_features: torch.Tensor, test_labels: torch.Tensor,
+                         n_classes: int, ridge: float = 1e-2) -> float:
+    """Test accuracy of a ridge-regression classifier (one-hot targets) on standardised features.
+
+    The head solves :math:`\\min_W \\frac1n\\lVert \\tilde\\Phi W - Y\\rVert^2 + \\lambda\\lVert W\\rVert^2` in
+    closed form, with :math:`\\tilde\\Phi` the features standardised with the training
+    statistics plus a constant column; prediction is the arg-max of :math:`\\tilde\\phi^\\top W`.
+    """
+    ftr = check_tensor("train_features", train_features, ndim=2, floating=True).double()
+    fte = check_tensor("test_features", test_features, ndim=2, floating=True).double()
+    ytr = check_tensor("train_labels", train_labels, shape=(ftr.shape[0],), integer=True)
+    yte = check_tensor("test_labels", test_labels, shape=(fte.shape[0],), integer=True)
+    if fte.shape[1] != ftr.shape[1]:
+        raise ValueError("train_features and test_features must have the same number of columns")
+    n_classes = check_int("n_classes", n_classes, minimum=2)
+    ridge = check_float("ridge", ridge, minimum=0.0, strict_min=True)
+    a, b = _standardize(ftr, fte)
+    n, d = a.shape
+    Y = F.one_hot(ytr, n_classes).double()
+    if d <= n:
+        W = torch.linalg.solve(a.T @ a / n + ridge * torch.eye(d, dtype=a.dtype), a.T @ Y / n)
+        scores = b @ W
+    else:  # the same solution in its n x n (kernel) form
+        coef = torch.linalg.solve(a @ a.T / n + ridge * torch.eye(n, dtype=a.dtype), Y) / n
+        scores = (b @ a.T) @ coef
+    return float((scores.argmax(1) == yte).double().mean())
+
+
+def probe_curve(train_features, train_labels, test_features, test_labels, n_classes: int,
+                sizes, ridge: float = 1e-2) -> torch.Tensor:
+    """Probe accuracy for each training size in ``sizes``: ``(len(sizes),)``.
+
+    A size :math:`m` uses disjoint blocks of :math:`m` training rows (up to three) and averages
+    their accuracies, so small sizes are not hostage to one draw.
+    """
+    out = []
+    N = train_features.shape[0]
+    for m in sizes:
+        m = check_int("sizes", m, minimum=2, maximum=N)
+        reps = max(1, min(3, N // m))
+        accs = [ridge_probe_accuracy(train_features[r * m:(r + 1) * m], train_labels[r * m:(r + 1) * m],
+                                     test_features, test_labels, n_classes, ridge) for r in range(reps)]
+        out.append(sum(accs) / reps)
+    return torch.tensor(out)
+
+
+def adversarial_probe_loss(model: BiGRUMaskedLM, tokens: torch.Tensor, labels: torch.Tensor,
+                           n_classes: int, ridge: float = 1e-2) -> torch.Tensor:
+    """The meta-learning objective of the adversary (Liu et al., 2023, appendix A.4), per member.
+
+    The sentences are split in halves :math:`S_1, S_2`. A ridge head is fitted in closed form
+    on :math:`S_1` (features standardised on the batch, as the evaluation probe does) and its
+    squared error on :math:`S_2` is returned, differentiable in the model's weights: ``(E,)``.
+    The adversary *maximises* it while keeping the masked-LM loss low.
+    """
+    f = model.features(tokens).flatten(2)  # (E, n, D)
+    mu, sd = f.mean(1, keepdim=True), f.std(1, keepdim=True) + 1e-6
+    f = torch.cat([(f - mu) / sd, torch.ones(*f.shape[:2], 1)], dim=-1)
+    m = f.shape[1] // 2
+    Y = F.one_hot(labels, n_classes).to(f.dtype)
+    A = f[:, :m]
+    K = A @ A.transpose(1, 2) / m
+    coef = torch.linalg.solve(K + ridge * torch.eye(m), Y[:m].expand(f.shape[0], -1, -1)) / m
+    pred = (f[:, m:] @ A.transpose(1, 2)) @ coef
+    return (pred - Y[m:]).pow(2).sum(-1).mean(1)
+
+
+# ---------------------------------------------------------------------------------
+# training
+# ---------------------------------------------------------------------------------
+def train_phase(model: BiGRUMaskedLM, language: HMMLanguage, *, steps: int, batch: int, lr: float,
+                optimizer: str = "adam", warmup: int = 0, cosine: bool = True,
+                generator: torch.Generator, adversarial_weight: float = 0.0, adversarial_batch: int = 128,
+                position: int = 0, ridge: float = 1e-2, every: int = 0, callback=None,
+                desc: str = "training") -> None:
+    """Train every member of ``model`` in place on fresh sentences of ``language``.
+
+    Each step draws ``batch`` new sentences per member (the population loss, no data set
+    to overfit) and takes a step on the sum of the members' masked-LM losses, minus
+    ``adversarial_weight`` times :func:`adversarial_probe_loss` on ``adversarial_batch``
+    fresh labelled sentences when that weight is positive. Learning rate: linear warmup
+    over ``warmup`` steps, then cosine decay to 0 (or constant when ``cosine=False``).
+    ``callback(step)`` runs every ``every`` steps.
+    """
+    steps = check_int("steps", steps, minimum=0)
+    batch = check_int("batch", batch, minimum=1)
+    lr = check_float("lr", lr, minimum=0.0, strict_min=True)
+    adversarial_weight = check_float("adversarial_weight", adversarial_weight, minimum=0.0)
+    if optimizer not in ("adam", "sgd"):
+        raise ValueError(f"optimizer must be 'adam' or 'sgd', got {optimizer!r}")
+    opt = (torch.optim.Adam if optimizer == "adam" else torch.optim.SGD)(model.parameters(), lr=lr)
+
+    def factor(s):
+        w = min(1.0, (s + 1) / warmup) if warmup else 1.0
+        return w * (0.5 * (1 + math.cos(math.pi * s / steps)) if cosine else 1.0)
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+    E, S = model.n_models, language.config.states_per_block
+    for s in progress(range(steps), total=steps, desc=desc):
+        tok, _ = language.sample(batch * E, generator)
+        loss = masked_lm_loss(model, tok.reshape(E, batch, -1))
+        if adversarial_weight > 0:
+            dt, dh = language.sample(adversarial_batch, generator)
+            blocks = dh[:, position] // S
+            loss = loss - adversarial_weight * adversarial_probe_loss(model, dt, blocks, language.config.n_blocks,
+                                                                      ridge).sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sched.step()
+        if every and callback is not None and (s + 1) % every == 0:
+            callback(s + 1)
+
+
+# ---------------------------------------------------------------------------------
+# the whole experiment
+# ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SameLossConfig:
+    """Everything that determines :func:`same_loss_experiment` (Chapter 5)."""
+
+    language: HMMLanguageConfig = field(default_factory=HMMLanguageConfig)
+    n_models: int = 3  # seeds, trained together as an ensemble
+    seed: int = 0
+    hidden: int = 32
+    d_ff: int = 64
+    # 1. pretraining to convergence (Adam, warmup + cosine)
+    pretrain_steps: int = 1500
+    pretrain_batch: int = 128
+    pretrain_lr: float = 1e-2
+    # 2. continued training after convergence (plain SGD, constant learning rate)
+    continue_steps: int = 2400
+    continue_batch: int = 64
+    continue_lr: float = 1.0
+    n_checkpoints: int = 6
+    # 3. the adversary (from the converged model), then plain re-convergence
+    adversarial_steps: int = 800
+    adversarial_weight: float = 0.05
+    adversarial_lr: float = 2e-3
+    adversarial_batch: int = 128
+    reconverge_steps: int = 300
+    reconverge_lr: float = 1e-3
+    # evaluation
+    position: int = 5  # the downstream task: block of the hidden state at this position
+    probe_sizes: tuple = (50, 200, 1000, 3000)
+    probe_ridge: float = 1e-2
+    n_probe_test: int = 5000
+    n_gap: int = 3000
+    n_trace: int = 1000
+    n_bartlett: int = 200
+    bartlett_probes: int = 24
+
+    def __post_init__(self):
+        if not isinstance(self.language, HMMLanguageConfig):
+            raise TypeError("language must be an HMMLanguageConfig")
+        check_int("n_models", self.n_models, minimum=1)
+        check_int("position", self.position, minimum=0, maximum=self.language.length - 1)
+        check_int("n_checkpoints", self.n_checkpoints, minimum=1)
+        if self.continue_steps % self.n_checkpoints:
+            raise ValueError("continue_steps must be a multiple of n_checkpoints")
+
+
+@contextlib.contextmanager
+def single_threaded():
+    """Run torch on one CPU thread inside the block, then restore the previous setting.
+
+    The models of this chapter are so small that every operation is dominated by overhead;
+    a second intra-op thread only adds synchronisation, and on a shared machine it can make
+    a step ten times slower.
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def same_loss_experiment(config: SameLossConfig) -> dict:
+    """Run Chapter 5's experiment; returns a dict of tensors (see the chapter for each entry).
+
+    Keys: ``entropy``; ``bayes_accuracy``; ``lookup_accuracy`` and ``posterior_accuracy``
+    (probes on the exact conditionals and on the exact hidden-state posterior);
+    ``pretrain_steps``/``pretrain_gap`` (the gap along pretraining, ``(k, E)``);
+    ``continue_steps`` and, along continued training, ``continue_gap`` ``(k, E)``,
+    ``continue_trace`` and ``continue_trace_se`` ``(k, E)``, ``continue_accuracy``
+    ``(k, E, sizes)``; ``adversarial_gap``, ``adversarial_trace``, ``adversarial_trace_se``,
+    ``adversarial_accuracy`` for the adversarial models and ``control_*`` for their control
+    (the same optimiser and schedule without the adversary); ``bartlett_*`` at the pretrained
+    models: the trace of the gradient covariance, the Fisher and Hutchinson traces.
+    """
+    if not isinstance(config, SameLossConfig):
+        raise TypeError(f"config must be a SameLossConfig, got {type(config).__name__}")
+    with single_threaded():
+        return _same_loss_experiment(config)
+
+
+def _same_loss_experiment(config: SameLossConfig) -> dict:
+    c = config
+    lang = HMMLanguage(c.language)
+    K, S, T = c.language.n_blocks, c.language.states_per_block, c.language.length
+    # fixed evaluation data (seeds far from the training streams)
+    gap_tok, _ = lang.sample(c.n_gap, make_generator(10_001))
+    gap_cond = lang.masked_conditionals(gap_tok)
+    trace_tok, _ = lang.sample(c.n_trace, make_generator(10_002))
+    n_train = max(c.probe_sizes)
+    tr_tok, tr_h = lang.sample(n_train, make_generator(10_003))
+    te_tok, te_h = lang.sample(c.n_probe_test, make_generator(10_004))
+    ytr, yte = tr_h[:, c.position] // S, te_h[:, c.position] // S
+
+    def curve(ftr, fte):
+        return probe_curve(ftr, ytr, fte, yte, K, c.probe_sizes, c.probe_ridge)
+
+    def evaluate(model, label_seed):
+        with torch.no_grad():
+            ftr = model.features(tr_tok).flatten(2).double()
+            fte = model.features(te_tok).flatten(2).double()
+        tr = mlm_fisher_trace(model, trace_tok, generator=make_generator(label_seed))
+        return {
+            "gap": kl_gap(model, gap_tok, gap_cond),
+            "trace": tr.per_group.double(),
+            "trace_se": tr.per_group_stderr.double(),
+            "accuracy": torch.stack([curve(ftr[e], fte[e]) for e in range(model.n_models)]),
+        }
+
+    out: dict = {}
+    ent, ent_se = lang.optimal_mlm_loss()
+    out["entropy"] = torch.tensor([ent, ent_se])
+    out["bayes_accuracy"] = torch.tensor(float(lang.block_posterior(te_tok)[:, c.position].max(-1).values.mean()))
+    out["lookup_accuracy"] = curve(lang.masked_conditionals(tr_tok).flatten(1), lang.masked_conditionals(te_tok).flatten(1))
+    out["posterior_accuracy"] = curve(lang.state_posterior(tr_tok).flatten(1), lang.state_posterior(te_tok).flatten(1))
+
+    # 1. pretraining
+    model = BiGRUMaskedLM(lang.config.vocab_size, hidden=c.hidden, d_ff=c.d_ff, n_models=c.n_models,
+                          generator=make_generator(c.seed))
+    gen = make_generator(c.seed + 1)
+    curve_steps, curve_gap = [], []
+
+    def log_gap(step):
+        curve_steps.append(step)
+        curve_gap.append(kl_gap(model, gap_tok[:1000], gap_cond[:1000]))
+
+    train_phase(model, lang, steps=c.pretrain_steps, batch=c.pretrain_batch, lr=c.pretrain_lr, warmup=100,
+                generator=gen, every=max(1, c.pretrain_steps // 15), callback=log_gap, desc="pretraining")
+    out["pretrain_steps"] = torch.tensor(curve_steps)
+    out["pretrain_gap"] = torch.stack(curve_gap)
+    pretrained = copy.deepcopy(model)
+
+    # 2. continued training with SGD, evaluated at checkpoints
+    records = [evaluate(model, 20_000)]
+    every = c.continue_steps // c.n_checkpoints
+    train_phase(model, lang, steps=c.continue_steps, batch=c.continue_batch, lr=c.continue_lr, optimizer="sgd",
+                cosine=False, generator=make_generator(c.seed + 2), every=every,
+                callback=lambda step: records.append(evaluate(model, 20_000 + step)), desc="continued training")
+    out["continue_steps"] = torch.arange(0, c.continue_steps + 1, every)
+    for key in ("gap", "trace", "trace_se", "accuracy"):
+        out[f"continue_{key}"] = torch.stack([r[key] for r in records])
+
+    # 3. the adversary, then plain re-convergence; and its control without the adversary
+    for name, weight in (("adversarial", c.adversarial_weight), ("control", 0.0)):
+        m = copy.deepcopy(pretrained)
+        gen_adv = make_generator(c.seed + 3)
+        train_phase(m, lang, steps=c.adversarial_steps, batch=c.pretrain_batch, lr=c.adversarial_lr,
+                    generator=gen_adv, adversarial_weight=weight, adversarial_batch=c.adversarial_batch,
+                    position=c.position, ridge=c.probe_ridge, desc=f"{name} training")
+        train_phase(m, lang, steps=c.reconverge_steps, batch=c.pretrain_batch, lr=c.reconverge_lr,
+                    generator=gen_adv, desc="re-convergence")
+        for key, val in evaluate(m, 30_000).items():
+            out[f"{name}_{key}"] = val
+
+    # 4. the Bartlett identity at the pretrained models: three traces
+    btok = trace_tok[: c.n_bartlett]
+    out["bartlett_covariance"] = mlm_gradient_covariance_trace(pretrained, btok)
+    hut = mlm_hutchinson_trace(pretrained, btok, n_probes=c.bartlett_probes, generator=make_generator(40_000))
+    out["bartlett_hutchinson"] = hut.per_group.double()
+    out["bartlett_hutchinson_se"] = torch.tensor(hut.stderr)
+    out["bartlett_fisher"] = mlm_fisher_trace(pretrained, btok, n_labels=4, generator=make_generator(40_001)).per_group.double()
+    out["pretrained_state"] = {k: v.clone() for k, v in pretrained.state_dict().items()}
+    return out

@@ -1,0 +1,252 @@
+"""Tests of the HMM language, the masked LM and the Chapter 5 experiment helpers.
+
+Oracle for the language: brute-force enumeration of every sentence (and every hidden path)
+of a tiny HMM. Oracle for the Fisher trace of the masked LM: an explicit sum over positions
+and labels with autograd.
+"""
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fmlab.data.hmm_language import HMMLanguage, HMMLanguageConfig
+from fmlab.implicit_bias import (
+    SameLossConfig,
+    adversarial_probe_loss,
+    kl_gap,
+    mlm_fisher_trace,
+    mlm_gradient_covariance_trace,
+    probe_curve,
+    ridge_probe_accuracy,
+    single_threaded,
+)
+from fmlab.models.masked_lm import BiGRUMaskedLM, member_losses
+
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny tensors: a second intra-op thread only adds synchronisation (restored after)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+TINY = HMMLanguageConfig(n_blocks=2, states_per_block=2, length=4, stay=0.8, cycle_noise=0.2,
+                         emission_noise=0.3, seed=1)
+
+
+def _brute_force(lang):
+    """Joint p(x, h) by enumerating every hidden path; returns sentences, p(x), p(h_t | x)."""
+    c = lang.config
+    H, V, T = c.n_states, c.vocab_size, c.length
+    seqs = torch.tensor(list(itertools.product(range(V), repeat=T)))
+    px = torch.zeros(len(seqs), dtype=torch.float64)
+    post = torch.zeros(len(seqs), T, H, dtype=torch.float64)
+    steps = torch.arange(T)
+    for path in itertools.product(range(H), repeat=T):
+        h = torch.tensor(path)
+        prior = lang.initial[h[0]] * torch.prod(lang.transition[h[:-1], h[1:]])
+        joint = prior * torch.prod(lang.emission[h.expand(len(seqs), -1), seqs], dim=1)
+        px += joint
+        post[:, steps, h] += joint[:, None]
+    return seqs, px, post / px[:, None, None]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    lang = HMMLanguage(TINY)
+    return (lang, *_brute_force(lang))
+
+
+def test_the_language_is_a_distribution_and_the_forward_algorithm_is_exact(tiny):
+    lang, seqs, px, _ = tiny
+    assert float(px.sum()) == pytest.approx(1.0, abs=1e-12)
+    assert torch.allclose(lang.log_likelihood(seqs).exp(), px, atol=1e-14)
+    assert torch.allclose(lang.transition.sum(1), torch.ones(TINY.n_states, dtype=torch.float64))
+
+
+def test_masked_conditionals_match_enumeration(tiny):
+    lang, seqs, px, _ = tiny
+    V, T = TINY.vocab_size, TINY.length
+    table = px.reshape([V] * T)
+    cond = lang.masked_conditionals(seqs)
+    for i, s in enumerate(seqs.tolist()):
+        for t in range(T):
+            idx = list(s)
+            idx[t] = slice(None)
+            column = table[tuple(idx)]
+            assert torch.allclose(cond[i, t], column / column.sum(), atol=1e-13)
+
+
+def test_state_posterior_and_block_posterior_match_enumeration(tiny):
+    lang, seqs, _, post = tiny
+    assert torch.allclose(lang.state_posterior(seqs), post, atol=1e-13)
+    blocks = post.reshape(*post.shape[:2], TINY.n_blocks, TINY.states_per_block).sum(-1)
+    assert torch.allclose(lang.block_posterior(seqs), blocks, atol=1e-13)
+
+
+def test_optimal_loss_is_the_exact_conditional_entropy(tiny):
+    lang, seqs, px, _ = tiny
+    cond = lang.masked_conditionals(seqs)
+    # E_x (1/T) sum_t -log p(x_t | x_-t), every sentence weighted by p(x)
+    true_tok = cond.gather(-1, seqs[..., None])[..., 0]
+    exact = float((px[:, None] * -true_tok.log()).sum() / TINY.length)
+    est, se = lang.optimal_mlm_loss(n=20_000, seed=3)
+    assert abs(est - exact) < 4 * se
+    bayes = float((px * lang.block_posterior(seqs)[:, 2].max(-1).values).sum())
+    assert lang.bayes_accuracy(2, n=20_000) == pytest.approx(bayes, abs=0.01)
+
+
+def test_sampling_follows_the_model(tiny):
+    lang, seqs, px, _ = tiny
+    tokens, states = lang.sample(40_000, torch.Generator().manual_seed(0))
+    V = TINY.vocab_size
+    codes = (tokens * V ** torch.arange(TINY.length - 1, -1, -1)).sum(1)
+    freq = torch.bincount(codes, minlength=len(seqs)).double() / len(tokens)
+    code_of = (seqs * V ** torch.arange(TINY.length - 1, -1, -1)).sum(1)
+    assert (freq[code_of] - px).abs().max() < 0.01
+    assert states.max() < TINY.n_states
+
+
+def test_tied_emissions_hide_the_block_from_token_counts():
+    lang = HMMLanguage(HMMLanguageConfig())
+    S = lang.config.states_per_block
+    for k in range(1, lang.config.n_blocks):
+        assert torch.equal(lang.emission[:S], lang.emission[k * S:(k + 1) * S])
+    succ = [tuple(lang.transition[k * S:(k + 1) * S, k * S:(k + 1) * S].argmax(1).tolist()) for k in range(2)]
+    assert succ[0] != succ[1]  # the blocks differ only in their cycles
+
+
+def test_language_arguments_are_validated():
+    with pytest.raises(ValueError, match="stay"):
+        HMMLanguageConfig(stay=1.5)
+    with pytest.raises(TypeError, match="n_blocks"):
+        HMMLanguageConfig(n_blocks=2.0)
+    lang = HMMLanguage(TINY)
+    with pytest.raises(ValueError, match="tokens"):
+        lang.masked_conditionals(torch.full((2, TINY.length), 99))
+    with pytest.raises(ValueError, match="task"):
+        lang.bayes_accuracy(0, task="colour")
+
+
+# -- the masked language model -----------------------------------------------------
+def test_the_prediction_at_t_never_sees_token_t():
+    model = BiGRUMaskedLM(5, hidden=4, d_ff=6, n_models=2, generator=torch.Generator().manual_seed(0))
+    x = torch.randint(5, (3, 6), generator=torch.Generator().manual_seed(1))
+    base = model(x)
+    for t in range(6):
+        y = x.clone()
+        y[:, t] = (y[:, t] + 1) % 5
+        out = model(y)
+        assert torch.allclose(out[:, :, t], base[:, :, t], atol=1e-6)
+        others = [s for s in range(6) if s != t]
+        assert not torch.allclose(out[:, :, others], base[:, :, others])
+
+
+def test_ensemble_members_are_independent_models():
+    model = BiGRUMaskedLM(5, hidden=4, d_ff=6, n_models=3, generator=torch.Generator().manual_seed(0))
+    x = torch.randint(5, (4, 6), generator=torch.Generator().manual_seed(1))
+    for e in range(3):
+        assert torch.allclose(model.member(e)(x)[0], model(x)[e], atol=1e-6)
+    losses = member_losses(model, x)
+    losses[1].backward()
+    assert model.w2.grad[0].abs().max() == 0 and model.w2.grad[1].abs().max() > 0
+    with pytest.raises(ValueError, match="tokens"):
+        model(torch.zeros(2, 4, 6, dtype=torch.long))
+    with pytest.raises(ValueError, match="tokens"):
+        member_losses(model, torch.full((2, 6), 7))
+
+
+def test_mlm_fisher_trace_matches_a_sum_over_positions_and_labels():
+    torch.manual_seed(0)
+    model = BiGRUMaskedLM(3, hidden=3, d_ff=4, n_models=2, generator=torch.Generator().manual_seed(0))
+    x = torch.randint(3, (4, 3), generator=torch.Generator().manual_seed(1))
+    n, T, V = 4, 3, 3
+    exact = torch.zeros(2)
+    for e in range(2):
+        member = model.member(e)
+        probs = torch.softmax(member(x)[0], -1).detach()
+        for i in range(n):
+            for t in range(T):
+                for y in range(V):
+                    member.zero_grad()
+                    F.log_softmax(member(x[i:i + 1])[0, 0, t], -1)[y].backward()
+                    sq = sum(float(p.grad.pow(2).sum()) for p in member.parameters())
+                    exact[e] += probs[i, t, y] * sq / (n * T)
+    # the same four sentences repeated: 3000 independent label draws each, in one vmap
+    est = mlm_fisher_trace(model, x.repeat(3000, 1), generator=torch.Generator().manual_seed(2))
+    assert torch.all((est.per_group - exact).abs() < 4 * est.per_group_stderr)
+    assert torch.allclose(est.per_group, exact, rtol=0.05)
+
+
+def test_gradient_covariance_trace_matches_explicit_gradients():
+    model = BiGRUMaskedLM(3, hidden=3, d_ff=4, n_models=1, generator=torch.Generator().manual_seed(0))
+    x = torch.randint(3, (3, 3), generator=torch.Generator().manual_seed(1))
+    grads = []
+    for i in range(3):
+        for t in range(3):
+            model.zero_grad()
+            (-F.log_softmax(model(x[i:i + 1])[0, 0, t], -1)[x[i, t]]).backward()
+            grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]).double())
+    G = torch.stack(grads)
+    expected = float((G - G.mean(0)).pow(2).sum(1).mean())
+    assert float(mlm_gradient_covariance_trace(model, x)[0]) == pytest.approx(expected, rel=1e-5)
+
+
+def test_kl_gap_is_cross_entropy_minus_entropy():
+    lang = HMMLanguage(TINY)
+    model = BiGRUMaskedLM(TINY.vocab_size, hidden=3, d_ff=4, n_models=2, generator=torch.Generator().manual_seed(0))
+    x, _ = lang.sample(50, torch.Generator().manual_seed(0))
+    p = lang.masked_conditionals(x)
+    logq = F.log_softmax(model(x).double(), -1).detach()
+    ce = -(p * logq).sum(-1).mean((1, 2))
+    ent = -(p * p.log()).sum(-1).mean()
+    assert torch.allclose(kl_gap(model, x, p), ce - ent, atol=1e-12)
+    assert bool((kl_gap(model, x, p) > 0).all())
+
+
+# -- probes ------------------------------------------------------------------------
+def test_ridge_probe_primal_and_kernel_forms_agree_and_separate_easy_data():
+    g = torch.Generator().manual_seed(0)
+    y = torch.randint(3, (60,), generator=g)
+    feats = F.one_hot(y, 3).double() + 0.05 * torch.randn(60, 3, generator=g, dtype=torch.float64)
+    assert ridge_probe_accuracy(feats[:30], y[:30], feats[30:], y[30:], 3) == 1.0
+    wide = torch.cat([feats, torch.randn(60, 40, generator=g, dtype=torch.float64)], 1)  # d > n: kernel form
+    acc_kernel = ridge_probe_accuracy(wide[:30], y[:30], wide[30:], y[30:], 3, ridge=0.5)
+    a = wide[:30]
+    mu, sd = a.mean(0), a.std(0) + 1e-6
+    Z = torch.cat([(a - mu) / sd, torch.ones(30, 1, dtype=torch.float64)], 1)
+    Zt = torch.cat([(wide[30:] - mu) / sd, torch.ones(30, 1, dtype=torch.float64)], 1)
+    W = torch.linalg.solve(Z.T @ Z / 30 + 0.5 * torch.eye(44, dtype=torch.float64), Z.T @ F.one_hot(y[:30], 3).double() / 30)
+    assert acc_kernel == pytest.approx(float(((Zt @ W).argmax(1) == y[30:]).double().mean()))
+    curve = probe_curve(feats, y, feats, y, 3, (10, 30))
+    assert curve.shape == (2,)
+    with pytest.raises(ValueError, match="columns"):
+        ridge_probe_accuracy(feats, y, wide, y, 3)
+    with pytest.raises(ValueError, match="ridge"):
+        ridge_probe_accuracy(feats, y, feats, y, 3, ridge=0.0)
+
+
+def test_adversarial_loss_is_differentiable_and_per_member():
+    model = BiGRUMaskedLM(5, hidden=3, d_ff=4, n_models=2, generator=torch.Generator().manual_seed(0))
+    x = torch.randint(5, (16, 6), generator=torch.Generator().manual_seed(1))
+    labels = torch.randint(2, (16,), generator=torch.Generator().manual_seed(2))
+    loss = adversarial_probe_loss(model, x, labels, 2)
+    assert loss.shape == (2,) and bool(torch.isfinite(loss).all())
+    loss.sum().backward()
+    assert model.emb.grad.abs().sum() > 0
+
+
+def test_single_threaded_restores_the_thread_count_and_configs_are_checked():
+    torch.set_num_threads(2)  # the fixture restores the original count afterwards
+    with single_threaded():
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == 2
+    with pytest.raises(ValueError, match="n_checkpoints"):
+        SameLossConfig(continue_steps=100, n_checkpoints=3)
+    with pytest.raises(ValueError, match="position"):
+        SameLossConfig(position=10)
