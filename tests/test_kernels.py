@@ -112,6 +112,10 @@ def test_entk_matches_autograd_loop_scalar_and_vector_outputs(lang, tiny):
     kv = empirical_ntk(vec, xv)
     assert kv.shape == (5, 5, 2, 2)
     assert torch.allclose(kv, empirical_ntk_autograd_loop(vec, xv), atol=1e-5)
+    # chunks that do not divide n give the same kernel, block by block
+    for chunk in (1, 2, 3):
+        assert torch.allclose(empirical_ntk(vec, xv, chunk_size=chunk), kv, atol=1e-6)
+        assert torch.allclose(empirical_ntk(vec, xv[:2], xv, chunk_size=chunk), kv[:2], atol=1e-6)
     # symmetric, positive semi-definite
     flat = kv.permute(0, 2, 1, 3).reshape(10, 10)
     assert torch.allclose(flat, flat.T, atol=1e-5)
@@ -362,5 +366,10 @@ def test_fine_tune_validates(lang, tiny):
 
 
 def test_time_entk_reports_same_matrix():
-    out = time_entk(TwoOut(), torch.randn(6, 3))
+    out = time_entk(TwoOut(), torch.randn(6, 3), chunk_size=4, repeats=2)
     assert out["max_rel_diff"] < 1e-5 and out["speedup"] > 0
+    assert out["speedup_ceiling"] == pytest.approx(out["seconds_loop"] / out["seconds_gram"])
+    with pytest.raises(ValueError, match="repeats"):
+        time_entk(TwoOut(), torch.randn(6, 3), repeats=0)
+    with pytest.raises(ValueError, match="two examples"):
+        time_entk(TwoOut(), torch.randn(1, 3))

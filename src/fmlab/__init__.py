@@ -12,7 +12,7 @@ from .adapt import (
     second_moments,
 )
 from .claims import ClaimFailed, claim, claims_table, reset_claims
-from .repro import config_hash, get_device, make_generator, seed_everything
+from .repro import config_hash, get_device, make_generator, seed_everything, single_threaded
 from .train import cache_dir, cached, progress, train
 from .viz import PALETTE, fig_to_png, slider_figure, use_style
 
@@ -33,6 +33,7 @@ __all__ = [
     "get_device",
     "make_generator",
     "seed_everything",
+    "single_threaded",
     "cache_dir",
     "cached",
     "progress",

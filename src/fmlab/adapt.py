@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from ._validate import check_float, check_int, check_same_length, check_tensor
+from .repro import make_generator
 
 __all__ = [
     "Moments",
@@ -143,7 +144,7 @@ def fine_tune(
     with torch.no_grad():
         k = features_fn(tuned, x[:1]).shape[1]
     if head_init is None:
-        g = generator if generator is not None else torch.Generator().manual_seed(0)
+        g = generator if generator is not None else make_generator(0)
         head = (0.01 * torch.randn(k, generator=g)).requires_grad_(True)
     else:
         head = check_tensor("head_init", head_init, shape=(k,), floating=True).detach().float().clone().requires_grad_(True)

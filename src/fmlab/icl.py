@@ -80,7 +80,7 @@ def build_model(cfg: GINCPretrainConfig) -> nn.Module:
     """A freshly initialised model for ``cfg`` (seeded by ``cfg.seed``)."""
     if not isinstance(cfg, GINCPretrainConfig):
         raise TypeError(f"cfg must be a GINCPretrainConfig, got {type(cfg).__name__}")
-    torch.manual_seed(cfg.seed)
+    seed_everything(cfg.seed)  # the LSTM's default initialisation draws from the global stream
     return LSTMLanguageModel(cfg.world.vocab_size, embed_dim=cfg.embed_dim, hidden_dim=cfg.width,
                              n_layers=cfg.n_layers)
 

@@ -24,7 +24,6 @@ Used in Chapter 5 (``notebooks/05-implicit-bias.ipynb``). The pieces:
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
 from dataclasses import dataclass, field
@@ -36,7 +35,7 @@ from torch.func import functional_call, grad, vmap
 from ._validate import check_float, check_int, check_tensor
 from .data.hmm_language import HMMLanguage, HMMLanguageConfig
 from .models.masked_lm import BiGRUMaskedLM, masked_lm_loss
-from .repro import make_generator
+from .repro import make_generator, single_threaded
 from .theory.flatness import TraceEstimate, fisher_trace, hutchinson_trace
 from .train import progress
 
@@ -332,22 +331,6 @@ class SameLossConfig:
         check_int("n_checkpoints", self.n_checkpoints, minimum=1)
         if self.continue_steps % self.n_checkpoints:
             raise ValueError("continue_steps must be a multiple of n_checkpoints")
-
-
-@contextlib.contextmanager
-def single_threaded():
-    """Run torch on one CPU thread inside the block, then restore the previous setting.
-
-    The models of this chapter are so small that every operation is dominated by overhead;
-    a second intra-op thread only adds synchronisation, and on a shared machine it can make
-    a step ten times slower.
-    """
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def same_loss_experiment(config: SameLossConfig) -> dict:

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from ._validate import check_int, check_tensor
+from .repro import make_generator
 from .theory.kernels import jacobian
 
 __all__ = ["LoRALinear", "apply_lora", "lora_targets", "weight_gradients"]
@@ -73,7 +74,7 @@ def apply_lora(model: nn.Module, rank: int, *, seed: int, targets: list[str] | N
     adapted = copy.deepcopy(model)
     for p in adapted.parameters():
         p.requires_grad_(False)
-    g = torch.Generator().manual_seed(seed)
+    g = make_generator(seed)
     for name in targets:
         parent_name, _, child = name.rpartition(".")
         parent = adapted.get_submodule(parent_name) if parent_name else adapted

@@ -1,4 +1,4 @@
-"""Seeding, determinism, config hashing and device choice.
+"""Seeding, determinism, threads, config hashing and device choice.
 
 Every chapter calls :func:`seed_everything` once per experiment; there is no other
 source of randomness in fmlab except explicit ``torch.Generator`` objects made by
@@ -7,6 +7,7 @@ source of randomness in fmlab except explicit ``torch.Generator`` objects made b
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -18,7 +19,7 @@ import torch
 
 from ._validate import check_int
 
-__all__ = ["seed_everything", "make_generator", "config_hash", "get_device"]
+__all__ = ["seed_everything", "make_generator", "single_threaded", "config_hash", "get_device"]
 
 
 def seed_everything(seed: int) -> torch.Generator:
@@ -48,6 +49,23 @@ def make_generator(seed: int) -> torch.Generator:
     g = torch.Generator()
     g.manual_seed(seed)
     return g
+
+
+@contextlib.contextmanager
+def single_threaded():
+    """Run torch on one CPU thread inside the block, then restore the previous setting.
+
+    The book's models are so small that every operation is dominated by overhead; a
+    second intra-op thread only adds synchronisation, and on a shared machine it made
+    some chapters several times slower. (The Makefile sets ``OMP_NUM_THREADS=1`` for the
+    whole build; this is for code run from Jupyter, e.g. Chapter 5's experiment.)
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _jsonable(obj):

@@ -30,6 +30,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .._validate import check_float, check_int, check_tensor
+from ..repro import make_generator
 
 __all__ = ["TransformerConfig", "TinyTransformer"]
 
@@ -125,7 +126,7 @@ class TinyTransformer(nn.Module):
             self.blocks = nn.ModuleList([Block(c.d_model, c.n_heads) for _ in range(c.n_layers)])
             self.ln_f = nn.LayerNorm(c.d_model)
             self.decoder = nn.Linear(c.d_model, c.vocab_size)
-        g = torch.Generator().manual_seed(seed)
+        g = make_generator(seed)
         with torch.no_grad():
             for name, p in self.named_parameters():
                 if name.endswith("bias") or ".ln" in name or name.startswith("ln_"):

@@ -35,6 +35,7 @@ import torch
 from torch.func import grad, jvp, vmap
 
 from .._validate import check_int
+from ..repro import make_generator
 
 __all__ = [
     "flatten",
@@ -165,7 +166,7 @@ def hutchinson_trace(
         for k, t in params.items():
             if t.ndim == 0 or t.shape[0] != groups:
                 raise ValueError(f"groups={groups} needs params[{k!r}] to have leading axis {groups}")
-    g = generator if generator is not None else torch.Generator().manual_seed(0)
+    g = generator if generator is not None else make_generator(0)
 
     def quad(v):
         hv = hvp(loss_fn, params, v)
@@ -227,7 +228,7 @@ def fisher_trace(
     if not isinstance(inputs, torch.Tensor) or inputs.ndim < 1 or inputs.shape[0] < 2:
         raise ValueError("inputs must be a tensor with at least 2 examples along axis 0")
     n_labels = check_int("n_labels", n_labels, minimum=1)
-    g = generator if generator is not None else torch.Generator().manual_seed(0)
+    g = generator if generator is not None else make_generator(0)
     with torch.no_grad():
         probs = torch.softmax(logits_fn(params, inputs), dim=-1)
     per_example = vmap(grad(log_prob_fn), in_dims=(None, 0, 0 if groups is None else 1))
@@ -340,7 +341,7 @@ def bartlett_check(*, shift: float = 0.0, seed: int = 0, inputs: int = 6, hidden
     returned in float64, with :math:`\\lVert\\mathbb{E}\\nabla\\ell\\rVert` and the relative
     Frobenius gap. ``shift = 0`` is the global minimiser, where they must coincide.
     """
-    g = torch.Generator().manual_seed(check_int("seed", seed, minimum=0))
+    g = make_generator(check_int("seed", seed, minimum=0))
     inputs = check_int("inputs", inputs, minimum=1)
     classes = check_int("classes", classes, minimum=2)
     hidden = check_int("hidden", hidden, minimum=1)
