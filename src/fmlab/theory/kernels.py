@@ -155,11 +155,11 @@ def _reshape_kernel(k: torch.Tensor, n1: int, n2: int, m: int | None) -> torch.T
 
 
 def _sided(blocks: list[torch.Tensor], kernels: list[str]) -> dict[bool, list[torch.Tensor] | None]:
-    """Rows of each parameter block, and their signs if some kernel needs them."""
+    """Rows of each Jacobian block (key ``False``) and, if some kernel needs them, their
+    signs (key ``True``), indexed as the sign flags of :data:`KERNELS`."""
     rows = [_as_rows(b) for b in blocks]
-    need_sign = any(KERNELS[name][0] or KERNELS[name][1] for name in kernels)
-    m = blocks[0].shape[1] if blocks[0].ndim == 3 else None
-    return {False: rows, True: [r.sign() for r in rows] if need_sign else None, "m": m}
+    need_sign = any(any(KERNELS[name]) for name in kernels)
+    return {False: rows, True: [r.sign() for r in rows] if need_sign else None}
 
 
 def _kernel_block(left: dict, right: dict, kernels: list[str]) -> dict[str, torch.Tensor]:
@@ -218,14 +218,16 @@ def empirical_kernels(
             raise ValueError(f"x1 and x2 must have the same example shape, got {tuple(x1.shape)} and {tuple(x2.shape)}")
         if x2.shape[0] == 0:
             raise ValueError("x2 must hold at least one example")
-    right = [_sided(blocks, kernels) for blocks in _jacobian_chunks(model, x1 if x2 is None else x2, chunk_size)]
+    right_blocks = list(_jacobian_chunks(model, x1 if x2 is None else x2, chunk_size))
+    m = right_blocks[0][0].shape[1] if right_blocks[0][0].ndim == 3 else None
+    right = [_sided(blocks, kernels) for blocks in right_blocks]
     left = right if x2 is None else (_sided(blocks, kernels) for blocks in _jacobian_chunks(model, x1, chunk_size))
     rows = []
-    for l in left:
-        cols = [_kernel_block(l, r, kernels) for r in right]
+    for chunk in left:
+        cols = [_kernel_block(chunk, r, kernels) for r in right]
         rows.append({name: torch.cat([c[name] for c in cols], dim=1) for name in kernels})
     n1, n2 = x1.shape[0], (x1 if x2 is None else x2).shape[0]
-    return {name: _reshape_kernel(torch.cat([r[name] for r in rows]), n1, n2, right[0]["m"]) for name in kernels}
+    return {name: _reshape_kernel(torch.cat([r[name] for r in rows]), n1, n2, m) for name in kernels}
 
 
 def _check_kernel_names(kernels) -> list[str]:
@@ -252,15 +254,8 @@ def kernels_from_jacobians(
     if j1.ndim not in (2, 3) or j1.ndim != j2.ndim or j1.shape[1:] != j2.shape[1:]:
         raise ValueError(f"j1 and j2 must both be (n, P) or (n, m, P) with equal trailing sizes, got {tuple(j1.shape)} and {tuple(j2.shape)}")
     m = j1.shape[1] if j1.ndim == 3 else None
-    r1, r2 = _as_rows(j1), _as_rows(j2)
-    s1 = r1.sign() if any(KERNELS[name][0] for name in kernels) else None
-    s2 = r2.sign() if any(KERNELS[name][1] for name in kernels) else None
-    out = {}
-    for name in kernels:
-        left_sign, right_sign = KERNELS[name]
-        k = (s1 if left_sign else r1) @ (s2 if right_sign else r2).T
-        out[name] = _reshape_kernel(k, j1.shape[0], j2.shape[0], m)
-    return out
+    blocks = _kernel_block(_sided([j1], kernels), _sided([j2], kernels), kernels)
+    return {name: _reshape_kernel(k, j1.shape[0], j2.shape[0], m) for name, k in blocks.items()}
 
 
 def empirical_ntk(
@@ -484,7 +479,7 @@ def time_entk(model: nn.Module, x: torch.Tensor, *, chunk_size: int = 64, repeat
     Returns a dict with the seconds of each method, their ratio (``speedup`` = loop /
     torch.func), the largest entry-wise difference relative to the largest entry
     (``max_rel_diff``), and ``seconds_gram``: the time of the product :math:`JJ^\\top` alone,
-    on the loop's already computed Jacobian. Any method that forms the kernel from
+    on a Jacobian computed beforehand. Any method that forms the kernel from
     per-example gradients pays that product, so ``speedup_ceiling`` = loop / Gram bounds
     the speedup that a faster Jacobian could buy on this machine. Used by
     ``scripts/bench_entk.py`` and Chapter 4.
