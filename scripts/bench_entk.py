@@ -21,17 +21,28 @@ import platform
 import torch
 
 from fmlab.data.sentiment_language import SentimentLanguage
-from fmlab.kernel_view import PretrainConfig, PromptClassifier, pretrain_masked_lm, test_set
+from fmlab.kernel_view import (
+    PretrainConfig,
+    PromptClassifier,
+    pretrain_masked_lm,
+    test_set,
+)
 from fmlab.theory.kernels import time_entk
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=128, help="number of examples (default 128)")
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    parser.add_argument(
+        "--n", type=int, default=128, help="number of examples (default 128)"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch intra-op threads (default 1)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    config = PretrainConfig()  # the chapter's model (trained once, then read from the cache)
+    config = (
+        PretrainConfig()
+    )  # the chapter's model (trained once, then read from the cache)
     mlm, _ = pretrain_masked_lm(config)
     lang = SentimentLanguage(config.language)
     model = PromptClassifier(mlm, lang)
@@ -46,9 +57,11 @@ def main() -> None:
         torch=torch.__version__,
     )
     print(json.dumps(result, indent=2))
-    print(f"torch.func eNTK is {result['speedup']:.1f}x faster than the per-example loop "
-          f"(n={result['n']}, same matrix up to {result['max_rel_diff']:.1e}); the Gram product "
-          f"alone bounds any Jacobian method at {result['speedup_ceiling']:.1f}x on this machine")
+    print(
+        f"torch.func eNTK is {result['speedup']:.1f}x faster than the per-example loop "
+        f"(n={result['n']}, same matrix up to {result['max_rel_diff']:.1e}); the Gram product "
+        f"alone bounds any Jacobian method at {result['speedup_ceiling']:.1f}x on this machine"
+    )
 
 
 if __name__ == "__main__":

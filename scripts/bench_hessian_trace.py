@@ -34,19 +34,45 @@ from fmlab.theory.flatness import hessian_trace_exact, hutchinson_trace
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--hidden", type=int, default=16, help="GRU state size (parameters grow like its square)")
-    ap.add_argument("--sentences", type=int, default=64, help="sentences in the fixed batch that defines the loss")
-    ap.add_argument("--probes", type=int, default=300, help="Rademacher probes for Hutchinson")
-    ap.add_argument("--train-steps", type=int, default=300, help="Adam steps before measuring")
+    ap.add_argument(
+        "--hidden",
+        type=int,
+        default=16,
+        help="GRU state size (parameters grow like its square)",
+    )
+    ap.add_argument(
+        "--sentences",
+        type=int,
+        default=64,
+        help="sentences in the fixed batch that defines the loss",
+    )
+    ap.add_argument(
+        "--probes", type=int, default=300, help="Rademacher probes for Hutchinson"
+    )
+    ap.add_argument(
+        "--train-steps", type=int, default=300, help="Adam steps before measuring"
+    )
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
 
     seed_everything(args.seed)
     lang = HMMLanguage(HMMLanguageConfig())
-    model = BiGRUMaskedLM(lang.config.vocab_size, hidden=args.hidden, d_ff=2 * args.hidden,
-                          generator=make_generator(args.seed))
-    train_phase(model, lang, steps=args.train_steps, batch=128, lr=1e-2, warmup=50,
-                generator=make_generator(args.seed + 1), desc="training")
+    model = BiGRUMaskedLM(
+        lang.config.vocab_size,
+        hidden=args.hidden,
+        d_ff=2 * args.hidden,
+        generator=make_generator(args.seed),
+    )
+    train_phase(
+        model,
+        lang,
+        steps=args.train_steps,
+        batch=128,
+        lr=1e-2,
+        warmup=50,
+        generator=make_generator(args.seed + 1),
+        desc="training",
+    )
     tokens, _ = lang.sample(args.sentences, make_generator(args.seed + 2))
     params = {k: v.detach() for k, v in model.named_parameters()}
     n_params = sum(p.numel() for p in params.values())
@@ -58,15 +84,27 @@ def main(argv=None) -> int:
     exact = hessian_trace_exact(loss, params, chunk=128)
     t_exact = time.perf_counter() - t0
     t0 = time.perf_counter()
-    est = hutchinson_trace(loss, params, n_probes=args.probes, generator=make_generator(args.seed + 3), chunk=25)
+    est = hutchinson_trace(
+        loss,
+        params,
+        n_probes=args.probes,
+        generator=make_generator(args.seed + 3),
+        chunk=25,
+    )
     t_hutch = time.perf_counter() - t0
 
     rel = abs(est.value - exact) / abs(exact)
     speedup = t_exact / t_hutch
-    print(f"parameters: {n_params}, sentences: {args.sentences}, threads: {torch.get_num_threads()}")
+    print(
+        f"parameters: {n_params}, sentences: {args.sentences}, threads: {torch.get_num_threads()}"
+    )
     print(f"exact trace      {exact:12.4f}   ({n_params} HVPs, {t_exact:7.2f} s)")
-    print(f"Hutchinson       {est.value:12.4f} ± {est.stderr:.4f}   ({args.probes} HVPs, {t_hutch:7.2f} s)")
-    print(f"relative error   {rel:12.4%}   (standard error {est.stderr / abs(exact):.2%})")
+    print(
+        f"Hutchinson       {est.value:12.4f} ± {est.stderr:.4f}   ({args.probes} HVPs, {t_hutch:7.2f} s)"
+    )
+    print(
+        f"relative error   {rel:12.4%}   (standard error {est.stderr / abs(exact):.2%})"
+    )
     print(f"speed-up         {speedup:12.1f}x")
     ok = rel <= 0.05 and speedup >= 10
     print("PASS" if ok else "FAIL", "(needs error <= 5% and speed-up >= 10x)")

@@ -82,7 +82,9 @@ def browser():
     chrome = shutil.which("chromium") or shutil.which("chromium-browser")
     driver_path = shutil.which("chromedriver")
     if not chrome or not driver_path:
-        _unavailable("Chromium and chromedriver are not installed (apt-get install chromium chromium-driver)")
+        _unavailable(
+            "Chromium and chromedriver are not installed (apt-get install chromium chromium-driver)"
+        )
     try:
         from selenium import webdriver
         from selenium.webdriver.chrome.service import Service
@@ -90,12 +92,24 @@ def browser():
         _unavailable("selenium is not installed in this environment")
     opts = webdriver.ChromeOptions()
     opts.binary_location = chrome
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage", "--window-size=1280,1000", "--hide-scrollbars"):
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        "--window-size=1280,1000",
+        "--hide-scrollbars",
+    ):
         opts.add_argument(flag)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
-    driver = webdriver.Chrome(service=Service(executable_path=driver_path), options=opts)
+    driver = webdriver.Chrome(
+        service=Service(executable_path=driver_path), options=opts
+    )
     driver.set_page_load_timeout(60)
     driver.set_script_timeout(60)
     SHOTS.mkdir(parents=True, exist_ok=True)
@@ -121,12 +135,20 @@ def _wait(driver, script, timeout=30.0, what="condition"):
 
 
 def _screenshot(driver, name: str) -> None:
-    height = driver.execute_script("return Math.min(document.documentElement.scrollHeight, 30000)")
-    shot = driver.execute_cdp_cmd("Page.captureScreenshot", {
-        "format": "png", "captureBeyondViewport": True,
-        "clip": {"x": 0, "y": 0, "width": 1280, "height": height, "scale": 1},
-    })
-    (SHOTS / f"{name.replace('/', '__')}.png").write_bytes(base64.b64decode(shot["data"]))
+    height = driver.execute_script(
+        "return Math.min(document.documentElement.scrollHeight, 30000)"
+    )
+    shot = driver.execute_cdp_cmd(
+        "Page.captureScreenshot",
+        {
+            "format": "png",
+            "captureBeyondViewport": True,
+            "clip": {"x": 0, "y": 0, "width": 1280, "height": height, "scale": 1},
+        },
+    )
+    (SHOTS / f"{name.replace('/', '__')}.png").write_bytes(
+        base64.b64decode(shot["data"])
+    )
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -149,24 +171,36 @@ def test_page_in_browser(page, server, browser):
             "wait();"
         )
         assert n_math > 0, f"{page}: the page has math but MathJax typeset nothing"
-        errors = driver.execute_script("return document.querySelectorAll('mjx-merror').length")
+        errors = driver.execute_script(
+            "return document.querySelectorAll('mjx-merror').length"
+        )
         assert errors == 0, f"{page}: {errors} formulas failed to typeset"
 
     # widgets: rendered from the stored state, without a kernel
     has_widgets = "application/vnd.jupyter.widget-view+json" in source
     if has_widgets:
-        _wait(driver, "return document.querySelectorAll('.jupyter-widgets .widget-slider').length > 0",
-              what="the widgets to render")
+        _wait(
+            driver,
+            "return document.querySelectorAll('.jupyter-widgets .widget-slider').length > 0",
+            what="the widgets to render",
+        )
 
     # every image loads
-    _wait(driver, "return Array.from(document.images).every(i => i.complete)", what="images to load")
+    _wait(
+        driver,
+        "return Array.from(document.images).every(i => i.complete)",
+        what="images to load",
+    )
     broken = driver.execute_script(
         "return Array.from(document.images).filter(i => i.naturalWidth === 0 && i.offsetParent !== null)"
-        ".map(i => i.src.slice(0, 80))")
+        ".map(i => i.src.slice(0, 80))"
+    )
     assert not broken, f"{page}: images that did not load: {broken}"
 
     # internal links resolve to files of the built site
-    hrefs = driver.execute_script("return Array.from(document.querySelectorAll('a[href]')).map(a => a.href)")
+    hrefs = driver.execute_script(
+        "return Array.from(document.querySelectorAll('a[href]')).map(a => a.href)"
+    )
     missing = []
     for href in hrefs:
         url = urlparse(href)
@@ -185,21 +219,41 @@ def test_page_in_browser(page, server, browser):
     if has_widgets:
         from selenium.webdriver.common.keys import Keys
 
-        boxes = driver.find_elements("css selector", ".jp-OutputArea-output .widget-vbox, .cell_output .widget-vbox")
-        figures = [b for b in boxes if b.find_elements("css selector", ".widget-slider")
-                   and b.find_elements("css selector", "img")]
+        boxes = driver.find_elements(
+            "css selector",
+            ".jp-OutputArea-output .widget-vbox, .cell_output .widget-vbox",
+        )
+        figures = [
+            b
+            for b in boxes
+            if b.find_elements("css selector", ".widget-slider")
+            and b.find_elements("css selector", "img")
+        ]
         assert figures, f"{page}: widgets but no slider figure rendered"
-        visible = ("return Array.from(arguments[0].querySelectorAll('img'))"
-                   ".filter(i => i.offsetParent !== null).map(i => i.src.slice(-120))")
+        visible = (
+            "return Array.from(arguments[0].querySelectorAll('img'))"
+            ".filter(i => i.offsetParent !== null).map(i => i.src.slice(-120))"
+        )
         for fig in figures:
             for handle in fig.find_elements("css selector", ".noUi-handle"):
                 before = driver.execute_script(visible, fig)
-                assert len(before) == 1, f"{page}: expected one visible image, got {len(before)}"
-                driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", handle)
-                handle.send_keys(Keys.END if handle.get_attribute("aria-valuenow") != handle.get_attribute("aria-valuemax") else Keys.HOME)
+                assert len(before) == 1, (
+                    f"{page}: expected one visible image, got {len(before)}"
+                )
+                driver.execute_script(
+                    "arguments[0].scrollIntoView({block: 'center'})", handle
+                )
+                handle.send_keys(
+                    Keys.END
+                    if handle.get_attribute("aria-valuenow")
+                    != handle.get_attribute("aria-valuemax")
+                    else Keys.HOME
+                )
                 time.sleep(0.3)
                 after = driver.execute_script(visible, fig)
-                assert after != before, f"{page}: moving a slider did not change the picture"
+                assert after != before, (
+                    f"{page}: moving a slider did not change the picture"
+                )
 
     # no console errors; no failed, erroring or off-site requests
     severe = [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
@@ -214,7 +268,9 @@ def test_page_in_browser(page, server, browser):
                 offsite.add(url)
         elif method == "Network.loadingFailed" and not params.get("canceled"):
             failed.append(params.get("errorText"))
-        elif method == "Network.responseReceived" and params["response"]["status"] >= 400:
+        elif (
+            method == "Network.responseReceived" and params["response"]["status"] >= 400
+        ):
             failed.append(f"{params['response']['status']} {params['response']['url']}")
     assert not offsite, f"{page}: requests to other hosts: {sorted(offsite)[:5]}"
     assert not failed, f"{page}: failed requests: {failed[:5]}"
@@ -223,15 +279,24 @@ def test_page_in_browser(page, server, browser):
 def test_search_finds_chapter_content(server, browser):
     """The site's own search (no server needed) finds words that only a chapter contains."""
     browser.get(f"{server}/search.html?q=decomposition")
-    _wait(browser, "return document.querySelectorAll('#search-results li').length > 0", timeout=30,
-          what="search results")
+    _wait(
+        browser,
+        "return document.querySelectorAll('#search-results li').length > 0",
+        timeout=30,
+        what="search results",
+    )
     links = browser.execute_script(
-        "return Array.from(document.querySelectorAll('#search-results li a')).map(a => a.href)")
-    assert any("notebooks/01-" in link for link in links), f"search did not find Chapter 1: {links[:5]}"
+        "return Array.from(document.querySelectorAll('#search-results li a')).map(a => a.href)"
+    )
+    assert any("notebooks/01-" in link for link in links), (
+        f"search did not find Chapter 1: {links[:5]}"
+    )
 
 
 def test_site_size_within_budget():
     if not (HTML / "index.html").exists():
         _unavailable(f"no built book at {HTML}; run `make book` first")
     size = sum(p.stat().st_size for p in HTML.rglob("*") if p.is_file())
-    assert size <= 60 * 2**20, f"the built site is {size / 2**20:.1f} MB, over its 60 MB budget"
+    assert size <= 60 * 2**20, (
+        f"the built site is {size / 2**20:.1f} MB, over its 60 MB budget"
+    )

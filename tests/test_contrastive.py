@@ -20,7 +20,13 @@ from fmlab.data.contrastive import (
     MixtureOfManifolds,
     class_mixing_arc_map,
 )
-from fmlab.interface import CurlConfig, SpectralConfig, SphereEncoder, connectivity_sweep, pretrain_spectral
+from fmlab.interface import (
+    CurlConfig,
+    SpectralConfig,
+    SphereEncoder,
+    connectivity_sweep,
+    pretrain_spectral,
+)
 from fmlab.repro import make_generator
 from fmlab.theory.contrastive import (
     automorphism_defect,
@@ -76,7 +82,9 @@ def test_unsupervised_loss_matches_enumeration_of_all_triples(loss):
         for i, j, l in itertools.product(members[c], members[c], members[cn]):
             p = rho[c] * rho[cn] / (len(members[c]) ** 2 * len(members[cn]))
             total += float(p) * _ell(float(f[i] @ (f[j] - f[l])), loss)
-    assert float(unsupervised_contrastive_loss(f, y, rho, loss=loss)) == pytest.approx(total, rel=1e-12)
+    assert float(unsupervised_contrastive_loss(f, y, rho, loss=loss)) == pytest.approx(
+        total, rel=1e-12
+    )
 
 
 @pytest.mark.parametrize("loss", ["logistic", "hinge"])
@@ -85,12 +93,28 @@ def test_mean_classifier_loss_matches_unordered_task_enumeration(loss):
     tau = float(rho.pow(2).sum())
     mu = [f[y == c].mean(0) for c in range(3)]
     total = 0.0
-    for a, b in itertools.combinations(range(3), 2):  # task {a, b}: prob 2 rho_a rho_b / (1 - tau)
+    for a, b in itertools.combinations(
+        range(3), 2
+    ):  # task {a, b}: prob 2 rho_a rho_b / (1 - tau)
         p_task = 2 * float(rho[a] * rho[b]) / (1 - tau)
-        la = np.mean([_ell(float(f[i] @ (mu[a] - mu[b])), loss) for i in range(len(y)) if y[i] == a])
-        lb = np.mean([_ell(float(f[i] @ (mu[b] - mu[a])), loss) for i in range(len(y)) if y[i] == b])
+        la = np.mean(
+            [
+                _ell(float(f[i] @ (mu[a] - mu[b])), loss)
+                for i in range(len(y))
+                if y[i] == a
+            ]
+        )
+        lb = np.mean(
+            [
+                _ell(float(f[i] @ (mu[b] - mu[a])), loss)
+                for i in range(len(y))
+                if y[i] == b
+            ]
+        )
         total += p_task * 0.5 * (la + lb)  # the two classes of a task weighted equally
-    assert float(mean_classifier_loss(f, y, rho, loss=loss)) == pytest.approx(total, rel=1e-12)
+    assert float(mean_classifier_loss(f, y, rho, loss=loss)) == pytest.approx(
+        total, rel=1e-12
+    )
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -112,7 +136,9 @@ def test_bound_is_an_equality_when_every_class_collapses_to_a_point():
 def test_collision_probability_and_bound_closed_forms():
     rho = torch.tensor([0.5, 0.25, 0.25], dtype=torch.float64)
     assert collision_probability(rho) == pytest.approx(0.375)
-    assert contrastive_bound(0.5, 0.375) == pytest.approx((0.5 - 0.375 * math.log(2)) / 0.625)
+    assert contrastive_bound(0.5, 0.375) == pytest.approx(
+        (0.5 - 0.375 * math.log(2)) / 0.625
+    )
     assert loss_at_zero("hinge") == 1.0 and loss_at_zero() == pytest.approx(math.log(2))
     assert float(pointwise_loss(torch.tensor(0.0))) == pytest.approx(math.log(2))
 
@@ -125,24 +151,43 @@ def test_class_means_by_loop():
 
 
 def test_minibatch_triple_loss_is_an_unbiased_estimate_of_the_population_loss():
-    world = LatentClassModel(LatentClassConfig(n_classes=3, clusters_per_class=2, points_per_cluster=4))
+    world = LatentClassModel(
+        LatentClassConfig(n_classes=3, clusters_per_class=2, points_per_cluster=4)
+    )
     enc = SphereEncoder(2, width=16, rep_dim=4, radius=1.5)
     with torch.no_grad():
-        pop = float(unsupervised_contrastive_loss(enc(world.points.float()).double(), world.labels, world.class_probs))
+        pop = float(
+            unsupervised_contrastive_loss(
+                enc(world.points.float()).double(), world.labels, world.class_probs
+            )
+        )
         b = world.sample_triples(200_000, make_generator(5))
-        vals = pointwise_loss((enc(b["x"]) * (enc(b["x_pos"]) - enc(b["x_neg"]))).sum(1)).double()
-        est = float(contrastive_loss_on_triples(enc(b["x"]), enc(b["x_pos"]), enc(b["x_neg"])))
+        vals = pointwise_loss(
+            (enc(b["x"]) * (enc(b["x_pos"]) - enc(b["x_neg"]))).sum(1)
+        ).double()
+        est = float(
+            contrastive_loss_on_triples(enc(b["x"]), enc(b["x_pos"]), enc(b["x_neg"]))
+        )
     se = float(vals.std()) / math.sqrt(len(vals))
     assert abs(est - pop) < 5 * se + 1e-6
 
 
 def test_latent_class_model_structure_and_sampling():
-    cfg = LatentClassConfig(n_classes=4, clusters_per_class=2, points_per_cluster=3, class_probs=(0.4, 0.3, 0.2, 0.1))
+    cfg = LatentClassConfig(
+        n_classes=4,
+        clusters_per_class=2,
+        points_per_cluster=3,
+        class_probs=(0.4, 0.3, 0.2, 0.1),
+    )
     world = LatentClassModel(cfg)
     assert world.points.shape == (24, 2) and world.members.shape == (4, 6)
-    assert torch.equal(world.labels[world.members], torch.arange(4)[:, None].expand(4, 6))
+    assert torch.equal(
+        world.labels[world.members], torch.arange(4)[:, None].expand(4, 6)
+    )
     b = world.sample_triples(40_000, make_generator(1))
-    assert torch.equal(world.labels[b["i"]], b["c"]) and torch.equal(world.labels[b["i_pos"]], b["c"])
+    assert torch.equal(world.labels[b["i"]], b["c"]) and torch.equal(
+        world.labels[b["i_pos"]], b["c"]
+    )
     assert torch.equal(world.labels[b["i_neg"]], b["c_neg"])
     freq = torch.bincount(b["c"], minlength=4).double() / 40_000
     assert torch.allclose(freq, world.class_probs, atol=0.01)
@@ -154,8 +199,11 @@ def test_spectral_loss_equals_double_sum_and_matrix_form():
     W = _random_graph(8)
     f = torch.randn(8, 3, generator=make_generator(2), dtype=torch.float64)
     wx = W.sum(1)
-    double_sum = sum(-2 * W[i, j] * (f[i] @ f[j]) + wx[i] * wx[j] * (f[i] @ f[j]) ** 2
-                     for i in range(8) for j in range(8))
+    double_sum = sum(
+        -2 * W[i, j] * (f[i] @ f[j]) + wx[i] * wx[j] * (f[i] @ f[j]) ** 2
+        for i in range(8)
+        for j in range(8)
+    )
     Abar = normalized_adjacency(W)
     F = wx.sqrt()[:, None] * f
     matrix = (Abar - F @ F.T).pow(2).sum() - Abar.pow(2).sum()
@@ -169,21 +217,38 @@ def test_spectral_minimizer_matches_eigenvalues_is_stationary_and_agrees_with_lb
     k = 3
     sol = spectral_minimizer(W, k)
     nu = torch.linalg.eigvalsh(normalized_adjacency(W)).flip(0)
-    assert sol.loss == pytest.approx(-float(nu[:k].clamp_min(0).pow(2).sum()), rel=1e-12)
-    assert float(spectral_contrastive_loss(sol.features, W)) == pytest.approx(sol.loss, rel=1e-10)
+    assert sol.loss == pytest.approx(
+        -float(nu[:k].clamp_min(0).pow(2).sum()), rel=1e-12
+    )
+    assert float(spectral_contrastive_loss(sol.features, W)) == pytest.approx(
+        sol.loss, rel=1e-10
+    )
     f = sol.features.clone().requires_grad_(True)
     spectral_contrastive_loss(f, W).backward()
     assert float(f.grad.abs().max()) < 1e-10
     g = make_generator(0)
     for _ in range(5):  # no random perturbation does better
-        assert float(spectral_contrastive_loss(sol.features + 1e-3 * torch.randn(12, k, generator=g, dtype=torch.float64), W)) >= sol.loss
+        assert (
+            float(
+                spectral_contrastive_loss(
+                    sol.features
+                    + 1e-3 * torch.randn(12, k, generator=g, dtype=torch.float64),
+                    W,
+                )
+            )
+            >= sol.loss
+        )
     found = minimize_spectral_loss(W, k, make_generator(1))
-    assert float(spectral_contrastive_loss(found, W)) == pytest.approx(sol.loss, abs=1e-9)
+    assert float(spectral_contrastive_loss(found, W)) == pytest.approx(
+        sol.loss, abs=1e-9
+    )
     assert subspace_distance(found, sol.features, W.sum(1)) < 1e-4
 
 
 def test_minibatch_spectral_loss_is_unbiased():
-    world = MixtureOfManifolds(ManifoldConfig(points_per_class=8, separation=2.1, jitter_std=0.2))
+    world = MixtureOfManifolds(
+        ManifoldConfig(points_per_class=8, separation=2.1, jitter_std=0.2)
+    )
     G = world.augmentation_graph()
     f = torch.randn(world.n_points, 2, generator=make_generator(0), dtype=torch.float64)
     g = make_generator(1)
@@ -197,19 +262,37 @@ def test_minibatch_spectral_loss_is_unbiased():
 
 
 def test_sampled_pairs_follow_the_graph_weights():
-    world = MixtureOfManifolds(ManifoldConfig(n_classes=2, points_per_class=4, separation=2.05, along_std=0.8, jitter_std=0.3))
+    world = MixtureOfManifolds(
+        ManifoldConfig(
+            n_classes=2,
+            points_per_class=4,
+            separation=2.05,
+            along_std=0.8,
+            jitter_std=0.3,
+        )
+    )
     W = world.augmentation_graph().weights
     i, j = world.sample_pairs(200_000, make_generator(3))
-    counts = torch.zeros_like(W).index_put_((i, j), torch.ones(len(i), dtype=torch.float64), accumulate=True) / len(i)
+    counts = torch.zeros_like(W).index_put_(
+        (i, j), torch.ones(len(i), dtype=torch.float64), accumulate=True
+    ) / len(i)
     emp = 0.5 * (counts + counts.T)
     assert float((emp - W).abs().max()) < 4 * math.sqrt(float(W.max()) / 200_000) + 1e-4
 
 
 def test_augmentation_graph_is_a_symmetric_distribution():
-    G = MixtureOfManifolds(ManifoldConfig(points_per_class=12, separation=2.0)).augmentation_graph()
+    G = MixtureOfManifolds(
+        ManifoldConfig(points_per_class=12, separation=2.0)
+    ).augmentation_graph()
     W = G.weights
-    assert torch.allclose(W, W.T) and float(W.sum()) == pytest.approx(1.0) and bool((W >= 0).all())
-    A = MixtureOfManifolds(ManifoldConfig(points_per_class=12, separation=2.0)).augmentation_kernel()
+    assert (
+        torch.allclose(W, W.T)
+        and float(W.sum()) == pytest.approx(1.0)
+        and bool((W >= 0).all())
+    )
+    A = MixtureOfManifolds(
+        ManifoldConfig(points_per_class=12, separation=2.0)
+    ).augmentation_kernel()
     assert torch.allclose(A.sum(1), torch.ones(A.shape[0], dtype=torch.float64))
 
 
@@ -225,8 +308,12 @@ def test_linear_probe_matches_weighted_least_squares():
     coef = np.linalg.lstsq(s * X, s * Y, rcond=None)[0]
     pred = X @ coef
     res = linear_probe_loss(f, y, p)
-    assert res.mse == pytest.approx(float((p.numpy() * ((Y - pred) ** 2).sum(1)).sum()), rel=1e-9)
-    assert res.error == pytest.approx(float(p.numpy()[pred.argmax(1) != y.numpy()].sum()), abs=1e-12)
+    assert res.mse == pytest.approx(
+        float((p.numpy() * ((Y - pred) ** 2).sum(1)).sum()), rel=1e-9
+    )
+    assert res.error == pytest.approx(
+        float(p.numpy()[pred.argmax(1) != y.numpy()].sum()), abs=1e-12
+    )
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -239,22 +326,35 @@ def test_probe_guarantee_and_leakage_identity_on_random_labelled_graphs(seed):
     assert phi == pytest.approx(brute, rel=1e-12)
     # Dirichlet form: tr(Y^T D^1/2 (I - A-bar) D^1/2 Y) = phi for one-hot Y
     Yw = W.sum(1).sqrt()[:, None] * torch.nn.functional.one_hot(y, 3).double()
-    dirichlet = float(torch.trace(Yw.T @ (torch.eye(14, dtype=torch.float64) - normalized_adjacency(W)) @ Yw))
+    dirichlet = float(
+        torch.trace(
+            Yw.T @ (torch.eye(14, dtype=torch.float64) - normalized_adjacency(W)) @ Yw
+        )
+    )
     assert dirichlet == pytest.approx(phi, rel=1e-10)
     for k in (1, 3, 6):
         sol = spectral_minimizer(W, k)
-        assert linear_probe_loss(sol.features, y, W.sum(1)).mse <= spectral_probe_bound(W, y, k) + 1e-12
+        assert (
+            linear_probe_loss(sol.features, y, W.sum(1)).mse
+            <= spectral_probe_bound(W, y, k) + 1e-12
+        )
 
 
 def test_arc_permutation_is_an_automorphism_and_preserves_the_loss():
-    world = MixtureOfManifolds(ManifoldConfig(points_per_class=12, arcs=3, jitter_std=0.0, along_std=0.3))
+    world = MixtureOfManifolds(
+        ManifoldConfig(points_per_class=12, arcs=3, jitter_std=0.0, along_std=0.3)
+    )
     W = world.augmentation_graph().weights
     perm = world.arc_permutation(class_mixing_arc_map(3, 3))
     assert automorphism_defect(W, perm) == 0.0
     f = torch.randn(world.n_points, 3, generator=make_generator(0), dtype=torch.float64)
-    assert float(spectral_contrastive_loss(f[perm], W)) == pytest.approx(float(spectral_contrastive_loss(f, W)), rel=1e-12)
+    assert float(spectral_contrastive_loss(f[perm], W)) == pytest.approx(
+        float(spectral_contrastive_loss(f, W)), rel=1e-12
+    )
     # with jitter across touching circles the same map is not an automorphism
-    touching = MixtureOfManifolds(ManifoldConfig(points_per_class=12, arcs=3, jitter_std=0.3, separation=2.0))
+    touching = MixtureOfManifolds(
+        ManifoldConfig(points_per_class=12, arcs=3, jitter_std=0.3, separation=2.0)
+    )
     assert automorphism_defect(touching.augmentation_graph().weights, perm) > 1e-6
     # class indicators: constant on arcs, so after the map every class is spread evenly
     ind = torch.nn.functional.one_hot(world.labels, 3).double()
@@ -263,7 +363,9 @@ def test_arc_permutation_is_an_automorphism_and_preserves_the_loss():
 
 
 def test_laplacian_has_one_zero_eigenvalue_per_component():
-    world = MixtureOfManifolds(ManifoldConfig(points_per_class=12, arcs=3, jitter_std=0.0))
+    world = MixtureOfManifolds(
+        ManifoldConfig(points_per_class=12, arcs=3, jitter_std=0.0)
+    )
     lam = laplacian_eigenvalues(world.augmentation_graph().weights)
     assert int((lam < 1e-10).sum()) == 9
 
@@ -276,18 +378,28 @@ def test_sphere_encoder_has_the_stated_norm():
 
 
 def test_connectivity_sweep_shapes_and_guarantee():
-    res = connectivity_sweep(ManifoldConfig(points_per_class=12), (0.1, 0.8), (2.0, 2.3), k=3)
+    res = connectivity_sweep(
+        ManifoldConfig(points_per_class=12), (0.1, 0.8), (2.0, 2.3), k=3
+    )
     assert res.minimal_adaptation_loss.shape == (2, 2)
     assert bool((res.minimal_adaptation_loss <= res.bound + 1e-12).all())
 
 
 def test_pretrain_spectral_table_reaches_the_minimum(tmp_path, monkeypatch):
     monkeypatch.setenv("FMLAB_CACHE_DIR", str(tmp_path))
-    world = ManifoldConfig(points_per_class=6, separation=3.0, jitter_std=0.1, along_std=0.5)
-    out = pretrain_spectral(SpectralConfig(world=world, encoder="table", rep_dim=3, steps=400, lr=1e-2))
+    world = ManifoldConfig(
+        points_per_class=6, separation=3.0, jitter_std=0.1, along_std=0.5
+    )
+    out = pretrain_spectral(
+        SpectralConfig(world=world, encoder="table", rep_dim=3, steps=400, lr=1e-2)
+    )
     W = MixtureOfManifolds(world).augmentation_graph().weights
-    assert spectral_minimizer(W, 3).loss == pytest.approx(-3.0, abs=1e-6)  # three nearly disconnected circles
-    assert float(spectral_contrastive_loss(out["features"], W)) == pytest.approx(-3.0, abs=1e-2)
+    assert spectral_minimizer(W, 3).loss == pytest.approx(
+        -3.0, abs=1e-6
+    )  # three nearly disconnected circles
+    assert float(spectral_contrastive_loss(out["features"], W)) == pytest.approx(
+        -3.0, abs=1e-2
+    )
 
 
 # --------------------------------------------------------------------------- validation
@@ -296,7 +408,9 @@ def test_invalid_arguments_name_the_argument():
     with pytest.raises(ValueError, match="class_probs"):
         LatentClassConfig(n_classes=3, class_probs=(0.5, 0.5))
     with pytest.raises(ValueError, match="class_probs"):
-        unsupervised_contrastive_loss(f, y, torch.tensor([0.5, 0.6, 0.1], dtype=torch.float64))
+        unsupervised_contrastive_loss(
+            f, y, torch.tensor([0.5, 0.6, 0.1], dtype=torch.float64)
+        )
     with pytest.raises(ValueError, match="loss"):
         mean_classifier_loss(f, y, rho, loss="squared")
     with pytest.raises(TypeError, match="labels"):
@@ -306,11 +420,18 @@ def test_invalid_arguments_name_the_argument():
     with pytest.raises(ValueError, match="separation"):
         ManifoldConfig(separation=0.0)
     with pytest.raises(ValueError, match="weights"):
-        spectral_contrastive_loss(torch.zeros(3, 1, dtype=torch.float64), torch.tensor([[0.5, 0.2, 0.0], [0.0, 0.2, 0.0], [0.0, 0.0, 0.1]], dtype=torch.float64))
+        spectral_contrastive_loss(
+            torch.zeros(3, 1, dtype=torch.float64),
+            torch.tensor(
+                [[0.5, 0.2, 0.0], [0.0, 0.2, 0.0], [0.0, 0.0, 0.1]], dtype=torch.float64
+            ),
+        )
     with pytest.raises(ValueError, match="k"):
         spectral_minimizer(_random_graph(5), 0)
     with pytest.raises(ValueError, match="features"):
-        spectral_contrastive_loss(torch.zeros(4, 2, dtype=torch.float64), _random_graph(5))
+        spectral_contrastive_loss(
+            torch.zeros(4, 2, dtype=torch.float64), _random_graph(5)
+        )
     with pytest.raises(ValueError, match="arc_map"):
         MixtureOfManifolds(ManifoldConfig(arcs=3)).arc_permutation([0, 1, 2])
     with pytest.raises(ValueError, match="tau"):
@@ -329,16 +450,29 @@ def test_within_class_spread_by_loop():
     from fmlab.theory.contrastive import within_class_spread
 
     f, y, rho = _tiny_latent(2)
-    want = sum(float(rho[c]) * float(((f[y == c] - f[y == c].mean(0)) ** 2).sum(1).mean()) for c in range(3))
+    want = sum(
+        float(rho[c]) * float(((f[y == c] - f[y == c].mean(0)) ** 2).sum(1).mean())
+        for c in range(3)
+    )
     assert within_class_spread(f, y, rho) == pytest.approx(want, rel=1e-12)
 
 
-def test_curl_along_training_reports_both_sides_at_every_checkpoint(tmp_path, monkeypatch):
+def test_curl_along_training_reports_both_sides_at_every_checkpoint(
+    tmp_path, monkeypatch
+):
     from fmlab.interface import curl_along_training
 
     monkeypatch.setenv("FMLAB_CACHE_DIR", str(tmp_path))
-    cfg = CurlConfig(world=LatentClassConfig(n_classes=3, clusters_per_class=2, points_per_cluster=3), width=8,
-                     rep_dim=3, steps=4, batch_size=16, checkpoints=(0, 2, 4))
+    cfg = CurlConfig(
+        world=LatentClassConfig(
+            n_classes=3, clusters_per_class=2, points_per_cluster=3
+        ),
+        width=8,
+        rep_dim=3,
+        steps=4,
+        batch_size=16,
+        checkpoints=(0, 2, 4),
+    )
     out = curl_along_training(cfg)
     assert out["steps"].tolist() == [0, 2, 4]
     assert bool((out["bound"] >= out["mean_classifier"] - 1e-12).all())

@@ -20,7 +20,16 @@ from fmlab.theory.feature_distortion import (
     subspace_distance,
 )
 
-SMALL = LinearShiftConfig(dim=6, rank=2, id_dim=3, n=5, feature_error=0.2, shift_angle=0.7, head_scale=0.3, seed=3)
+SMALL = LinearShiftConfig(
+    dim=6,
+    rank=2,
+    id_dim=3,
+    n=5,
+    feature_error=0.2,
+    shift_angle=0.7,
+    head_scale=0.3,
+    seed=3,
+)
 
 
 def test_problem_geometry():
@@ -35,7 +44,9 @@ def test_problem_geometry():
     qa, _ = torch.linalg.qr(p.B0.T)
     qb, _ = torch.linalg.qr(p.B_star.T)
     cosines = torch.linalg.svdvals(qa.T @ qb)
-    assert torch.allclose(cosines, torch.full((2,), math.cos(0.2), dtype=torch.float64), atol=1e-12)
+    assert torch.allclose(
+        cosines, torch.full((2,), math.cos(0.2), dtype=torch.float64), atol=1e-12
+    )
     assert subspace_distance(p.B0, p.B_star) == pytest.approx(math.sin(0.2), abs=1e-12)
 
 
@@ -74,7 +85,9 @@ def test_linear_probe_is_least_squares():
     ref = np.linalg.lstsq(F.numpy(), p.y.numpy(), rcond=None)[0]
     assert np.allclose(linear_probe_head(p.X, p.y, p.B0).numpy(), ref, atol=1e-10)
     # with perfect features LP recovers v_star and has zero OOD loss
-    perfect = make_linear_shift_problem(LinearShiftConfig(**{**SMALL.__dict__, "feature_error": 0.0}))
+    perfect = make_linear_shift_problem(
+        LinearShiftConfig(**{**SMALL.__dict__, "feature_error": 0.0})
+    )
     v = linear_probe_head(perfect.X, perfect.y, perfect.B0)
     assert torch.allclose(v, perfect.v_star, atol=1e-10)
     assert float(ood_loss(perfect, v, perfect.B0)) < 1e-20
@@ -92,14 +105,18 @@ def test_gradient_flow_matches_scipy_and_conserves():
         return -np.concatenate([gv.numpy(), gB.numpy().ravel()])
 
     z0 = np.concatenate([p.v0.numpy(), p.B0.numpy().ravel()])
-    sol = solve_ivp(rhs, (0, 5.0), z0, t_eval=times, rtol=1e-11, atol=1e-12, method="DOP853")
+    sol = solve_ivp(
+        rhs, (0, 5.0), z0, t_eval=times, rtol=1e-11, atol=1e-12, method="DOP853"
+    )
     for i in range(len(times)):
         assert np.allclose(traj.v[i].numpy(), sol.y[:2, i], atol=1e-8)
         assert np.allclose(traj.B[i].numpy().ravel(), sol.y[2:, i], atol=1e-8)
     q = conserved_quantity(traj.v, traj.B)
     assert torch.allclose(q, q[0].expand_as(q), atol=1e-9)
     # B moves only inside S: its action on the orthogonal complement is frozen
-    assert torch.allclose(traj.B @ p.P_perp, (p.B0 @ p.P_perp).expand_as(traj.B), atol=1e-10)
+    assert torch.allclose(
+        traj.B @ p.P_perp, (p.B0 @ p.P_perp).expand_as(traj.B), atol=1e-10
+    )
 
 
 def test_scalar_flow_closed_form():
@@ -109,8 +126,14 @@ def test_scalar_flow_closed_form():
     X = torch.ones(1, 1, dtype=torch.float64)
     y = torch.tensor([a], dtype=torch.float64)
     s = math.sqrt(p0)
-    traj = gradient_flow(X, y, torch.tensor([s], dtype=torch.float64), torch.tensor([[s]], dtype=torch.float64),
-                         [0.0, 0.1, 0.3, 1.0], dt=0.001)
+    traj = gradient_flow(
+        X,
+        y,
+        torch.tensor([s], dtype=torch.float64),
+        torch.tensor([[s]], dtype=torch.float64),
+        [0.0, 0.1, 0.3, 1.0],
+        dt=0.001,
+    )
     for t, v, B in zip(traj.times.tolist(), traj.v, traj.B):
         exact = a / (1 + (a / p0 - 1) * math.exp(-4 * a * t))
         assert float(v[0] * B[0, 0]) == pytest.approx(exact, rel=1e-9)
@@ -119,12 +142,19 @@ def test_scalar_flow_closed_form():
 def test_sweep_shapes_and_lp_ft_monotone():
     times = torch.linspace(0, 4, 5)
     r = distortion_sweep(SMALL, (0.0, 0.1), (0.0, math.pi / 2), (0, 1), times, dt=0.02)
-    assert r.ft_ood.shape == (2, 2, 2, 5) and r.lp_ood.shape == (2, 2, 2) and r.lpft_id.shape == (2, 2, 5)
+    assert (
+        r.ft_ood.shape == (2, 2, 2, 5)
+        and r.lp_ood.shape == (2, 2, 2)
+        and r.lpft_id.shape == (2, 2, 5)
+    )
     # gradient flow never increases the training loss: LP-FT's ID loss stays below LP's
     assert bool((r.lpft_id <= r.lp_id[..., None] + 1e-12).all())
     assert bool((r.ft_id[..., 1:] <= r.ft_id[..., :-1] + 1e-12).all())
     # perfect features: LP-FT does not move, LP is exact
-    assert float(r.lp_ood[0].abs().max()) < 1e-20 and float(r.lpft_ood[0].abs().max()) < 1e-20
+    assert (
+        float(r.lp_ood[0].abs().max()) < 1e-20
+        and float(r.lpft_ood[0].abs().max()) < 1e-20
+    )
 
 
 def test_invalid_arguments_name_the_argument():

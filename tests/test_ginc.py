@@ -11,15 +11,23 @@ import torch
 from torch import nn
 
 from fmlab import make_generator
-from fmlab.data.ginc import DELIMITER, GINC, GINC_PRESETS, GINCConfig, assemble_prompts, ginc_preset, permutation_mixture
+from fmlab.data.ginc import (
+    DELIMITER,
+    GINC,
+    GINC_PRESETS,
+    GINCConfig,
+    assemble_prompts,
+    ginc_preset,
+    permutation_mixture,
+)
 from fmlab.icl import (
     GINCPretrainConfig,
     _nested_last_logits,
-    order_sensitivity,
     bayes_pretraining_loss,
     in_context_grid,
     load_ginc_lm,
     next_token_logits,
+    order_sensitivity,
     pretrain_ginc_lm,
     random_concept_accuracy,
 )
@@ -69,14 +77,19 @@ def brute_joint(tokens, T, O, mu):
 
 # -- exact inference against brute force ---------------------------------------------
 
+
 def test_forward_likelihood_matches_enumeration_of_all_hidden_paths():
     T, O, mu = random_hmm(C=2, H=3, V=3, seed=1)
     tokens = torch.randint(3, (4, 5), generator=make_generator(2))
     brute = brute_joint(tokens, T, O, mu)
-    assert torch.allclose(log_likelihood(tokens, T, O, mu).exp(), brute, rtol=1e-10, atol=0)
+    assert torch.allclose(
+        log_likelihood(tokens, T, O, mu).exp(), brute, rtol=1e-10, atol=0
+    )
     prefixes = prefix_log_likelihoods(tokens, T, O, mu).exp()
     for t in range(1, 6):
-        assert torch.allclose(prefixes[:, :, t - 1], brute_joint(tokens[:, :t], T, O, mu), rtol=1e-10)
+        assert torch.allclose(
+            prefixes[:, :, t - 1], brute_joint(tokens[:, :t], T, O, mu), rtol=1e-10
+        )
 
 
 def test_forward_alpha_is_joint_of_observations_and_last_state():
@@ -107,7 +120,9 @@ def test_posterior_and_posterior_predictive_match_enumeration():
         num = (brute_joint(ext, T, O, mu) * prior).sum(1)
         assert torch.allclose(res.predictive[:, v], num / joint.sum(1), rtol=1e-10)
         per = brute_joint(ext, T, O, mu) / brute_joint(tokens, T, O, mu)
-        assert torch.allclose(next_token_distribution(tokens, T, O, mu)[:, :, v], per, rtol=1e-10)
+        assert torch.allclose(
+            next_token_distribution(tokens, T, O, mu)[:, :, v], per, rtol=1e-10
+        )
     assert torch.allclose(res.predictive.sum(1), torch.ones(3, dtype=torch.float64))
 
 
@@ -119,7 +134,9 @@ def test_zero_probability_sequences_give_nan_posterior_not_errors():
     tokens = torch.tensor([[0, 1, 2], [0, 1, 1]])
     res = bayes_posterior_predictive(tokens, T, O, mu)
     assert bool(res.impossible[0]) and not bool(res.impossible[1])
-    assert torch.isnan(res.posterior[0]).all() and torch.isfinite(res.posterior[1]).all()
+    assert (
+        torch.isnan(res.posterior[0]).all() and torch.isfinite(res.posterior[1]).all()
+    )
     brute = brute_joint(tokens[1:], T, O, mu)
     assert torch.allclose(res.log_likelihood[1].exp(), brute[0], rtol=1e-10)
 
@@ -167,6 +184,7 @@ def test_smoothing_keeps_rows_stochastic_and_bounds_entries():
 
 # -- the GINC generator -------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def tiny():
     return GINC(ginc_preset("tiny"))
@@ -174,7 +192,12 @@ def tiny():
 
 def test_paper_preset_is_the_paper_configuration():
     c = GINC_PRESETS["paper"]
-    assert (c.n_entities, c.n_properties, c.vocab_size, c.n_concepts) == (10, 10, 50, 10)
+    assert (c.n_entities, c.n_properties, c.vocab_size, c.n_concepts) == (
+        10,
+        10,
+        50,
+        10,
+    )
     assert (c.n_documents, c.document_length) == (1000, 10240)
     assert (c.transition_temp, c.start_temp, c.entity_stickiness) == (0.1, 10.0, 0.9)
     assert c.n_seen == 5 and GINC(c).unseen_concepts.tolist() == [5, 6, 7, 8, 9]
@@ -184,31 +207,47 @@ def test_world_structure(tiny):
     c = tiny.config
     assert (tiny.memory[:, 0] == DELIMITER).all() and (tiny.memory[:, 1:] >= 1).all()
     T = tiny.transition_matrices("all")
-    assert torch.allclose(T.sum(2), torch.ones(c.n_concepts, c.n_states, dtype=torch.float64))
+    assert torch.allclose(
+        T.sum(2), torch.ones(c.n_concepts, c.n_states, dtype=torch.float64)
+    )
     P = c.n_properties
-    for th, e, s, e2, s2 in itertools.product(range(c.n_concepts), range(c.n_entities), range(P),
-                                              range(c.n_entities), range(P)):
+    for th, e, s, e2, s2 in itertools.product(
+        range(c.n_concepts),
+        range(c.n_entities),
+        range(P),
+        range(c.n_entities),
+        range(P),
+    ):
         want = tiny.entity_transition[e, e2] * tiny.property_transitions[th, s, s2]
         assert T[th, e * P + s, e2 * P + s2] == pytest.approx(float(want), abs=1e-15)
-    assert torch.allclose(tiny.start_probs.sum(1), torch.ones(c.n_concepts, dtype=torch.float64))
+    assert torch.allclose(
+        tiny.start_probs.sum(1), torch.ones(c.n_concepts, dtype=torch.float64)
+    )
     assert torch.equal(tiny.emission_matrix().argmax(1), tiny.state_tokens)
 
 
 def test_permutation_mixture_is_a_mixture_of_permutations():
     M = permutation_mixture(6, 4, 0.1, make_generator(0))
-    assert torch.allclose(M.sum(0), torch.ones(6, dtype=torch.float64))  # doubly stochastic
+    assert torch.allclose(
+        M.sum(0), torch.ones(6, dtype=torch.float64)
+    )  # doubly stochastic
     assert torch.allclose(M.sum(1), torch.ones(6, dtype=torch.float64))
     assert M.max() > 0.5  # peaked weights at a small temperature
 
 
 def test_documents_follow_the_transition_matrix(tiny):
-    docs = tiny.sample_documents(3000, 40, make_generator(1), concepts=torch.tensor([1]))
+    docs = tiny.sample_documents(
+        3000, 40, make_generator(1), concepts=torch.tensor([1])
+    )
     assert (docs.concepts == 1).all()
     assert torch.equal(docs.tokens, tiny.state_tokens[docs.states])
     H = tiny.n_states
     counts = torch.zeros(H, H, dtype=torch.float64)
-    counts.index_put_((docs.states[:, :-1].reshape(-1), docs.states[:, 1:].reshape(-1)),
-                      torch.ones(docs.states[:, 1:].numel(), dtype=torch.float64), accumulate=True)
+    counts.index_put_(
+        (docs.states[:, :-1].reshape(-1), docs.states[:, 1:].reshape(-1)),
+        torch.ones(docs.states[:, 1:].numel(), dtype=torch.float64),
+        accumulate=True,
+    )
     T = tiny.transition_matrices(torch.tensor([1]))[0]
     rows = counts.sum(1, keepdim=True)
     emp = counts / rows
@@ -220,16 +259,30 @@ def test_prompt_format_and_labels_by_enumeration(tiny):
     n, k = 3, 4
     pr = tiny.sample_prompts(40, n, k, make_generator(2))
     assert pr.tokens.shape == (40, n * (k + 1) + k - 1)
-    assert (pr.tokens[:, k :: k + 1] == DELIMITER).all()  # delimiter after every example
-    assert torch.equal(pr.tokens[:, -(k - 1):], pr.examples[:, -1, :-1])
+    assert (
+        pr.tokens[:, k :: k + 1] == DELIMITER
+    ).all()  # delimiter after every example
+    assert torch.equal(pr.tokens[:, -(k - 1) :], pr.examples[:, -1, :-1])
     assert (pr.start_property >= 1).all()
-    first_props = tiny.memory[:, :][:, pr.start_property]  # tokens any entity emits at s0
-    assert all(int(pr.examples[b, i, 0]) in first_props[:, b].tolist() for b in range(40) for i in range(n + 1))
+    first_props = tiny.memory[:, :][
+        :, pr.start_property
+    ]  # tokens any entity emits at s0
+    assert all(
+        int(pr.examples[b, i, 0]) in first_props[:, b].tolist()
+        for b in range(40)
+        for i in range(n + 1)
+    )
     c = tiny.config
     H, P = c.n_states, c.n_properties
     T = tiny.transition_matrices("all")
-    for b in range(40):  # label = argmax_v p(o_k = v | x, theta*) by enumerating hidden paths
-        x, th, s0 = pr.examples[b, -1, :-1], int(pr.concepts[b]), int(pr.start_property[b])
+    for b in range(
+        40
+    ):  # label = argmax_v p(o_k = v | x, theta*) by enumerating hidden paths
+        x, th, s0 = (
+            pr.examples[b, -1, :-1],
+            int(pr.concepts[b]),
+            int(pr.start_property[b]),
+        )
         probs = torch.zeros(c.vocab_size, dtype=torch.float64)
         for path in itertools.product(range(H), repeat=k):
             if path[0] % P != s0:
@@ -246,11 +299,15 @@ def test_prompt_format_and_labels_by_enumeration(tiny):
 def test_with_examples_and_reordering(tiny):
     pr = tiny.sample_prompts(5, 3, 3, make_generator(3))
     zero = pr.with_examples(0)
-    assert torch.equal(zero.tokens, pr.examples[:, -1, :-1]) and torch.equal(zero.labels, pr.labels)
+    assert torch.equal(zero.tokens, pr.examples[:, -1, :-1]) and torch.equal(
+        zero.labels, pr.labels
+    )
     assert torch.equal(pr.with_examples(3).tokens, pr.tokens)
     assert torch.equal(pr.reordered(torch.arange(3)).tokens, pr.tokens)
     rev = pr.reordered(torch.tensor([2, 1, 0]))
-    assert torch.equal(rev.examples[:, 0], pr.examples[:, 2]) and torch.equal(rev.examples[:, 3], pr.examples[:, 3])
+    assert torch.equal(rev.examples[:, 0], pr.examples[:, 2]) and torch.equal(
+        rev.examples[:, 3], pr.examples[:, 3]
+    )
     assert torch.equal(assemble_prompts(pr.examples), pr.tokens)
 
 
@@ -261,7 +318,9 @@ def test_bayes_predictor_on_ginc_matches_brute_force(tiny):
     seen = tiny.seen_concepts
     T = smooth_transitions(tiny.transition_matrices(seen), eps)
     O = tiny.emission_matrix()
-    brute = brute_joint(pr.tokens, T, O.unsqueeze(0).expand(len(seen), -1, -1), tiny.start_probs[seen])
+    brute = brute_joint(
+        pr.tokens, T, O.unsqueeze(0).expand(len(seen), -1, -1), tiny.start_probs[seen]
+    )
     assert torch.allclose(res.posterior, brute / brute.sum(1, keepdim=True), rtol=1e-9)
 
 
@@ -276,8 +335,12 @@ def test_sparse_forward_for_deterministic_emissions_matches_dense(tiny, eps):
     assert torch.equal(torch.isfinite(dense), torch.isfinite(sparse))
     fin = torch.isfinite(dense)
     assert torch.allclose(dense[fin], sparse[fin], rtol=1e-12, atol=1e-12)
-    never = torch.full((1, 2), tiny.config.vocab_size + 3)  # a token no state emits: probability 0
-    assert torch.isinf(forward_log_alpha_deterministic(never, T, tiny.state_tokens, mu)).all()
+    never = torch.full(
+        (1, 2), tiny.config.vocab_size + 3
+    )  # a token no state emits: probability 0
+    assert torch.isinf(
+        forward_log_alpha_deterministic(never, T, tiny.state_tokens, mu)
+    ).all()
 
 
 def test_distinguishability_is_nonpositive_against_itself(tiny):
@@ -303,6 +366,7 @@ def test_bayes_pretraining_loss_matches_exact_entropy(tiny):
 
 
 # -- models and evaluation ------------------------------------------------------------
+
 
 def test_lstm_is_causal_and_shaped():
     torch.manual_seed(0)
@@ -330,13 +394,24 @@ class _BayesAsModel(nn.Module):
 
 
 def test_in_context_grid_with_the_bayes_predictor_as_model(tiny):
-    grid = in_context_grid({"bayes": _BayesAsModel(tiny, 0.1)}, tiny, (0, 2), (3, 4), n_prompts=60, seed=0,
-                           epsilon=0.1)
+    grid = in_context_grid(
+        {"bayes": _BayesAsModel(tiny, 0.1)},
+        tiny,
+        (0, 2),
+        (3, 4),
+        n_prompts=60,
+        seed=0,
+        epsilon=0.1,
+    )
     assert torch.allclose(grid.accuracy["bayes"], grid.bayes_accuracy)
-    assert torch.allclose(grid.agreement["bayes"], torch.ones(2, 2, dtype=torch.float64))
+    assert torch.allclose(
+        grid.agreement["bayes"], torch.ones(2, 2, dtype=torch.float64)
+    )
     assert ((grid.true_posterior > 0) & (grid.true_posterior <= 1)).all()
     assert (grid.chance_agreement["bayes"] <= 1).all()
-    unseen = in_context_grid(None, tiny, (1,), (3,), n_prompts=30, seed=0, epsilon=0.1, concepts="unseen")
+    unseen = in_context_grid(
+        None, tiny, (1,), (3,), n_prompts=30, seed=0, epsilon=0.1, concepts="unseen"
+    )
     assert torch.isnan(unseen.true_posterior).all()
     pr = tiny.sample_prompts(50, 0, 3, make_generator(5), concepts="unseen")
     assert 0.0 <= random_concept_accuracy(tiny, pr) <= 1.0
@@ -348,7 +423,9 @@ def test_nested_prompts_reuse_the_lstm_state(tiny):
     full = tiny.sample_prompts(7, 4, 3, make_generator(7))
     nested = _nested_last_logits(m, full, (0, 1, 4))
     for n in (0, 1, 4):
-        assert torch.allclose(nested[n], next_token_logits(m, full.with_examples(n).tokens), atol=1e-6)
+        assert torch.allclose(
+            nested[n], next_token_logits(m, full.with_examples(n).tokens), atol=1e-6
+        )
 
 
 def test_order_sensitivity_of_the_bayes_predictor_against_itself(tiny):
@@ -362,17 +439,23 @@ def test_order_sensitivity_of_the_bayes_predictor_against_itself(tiny):
 def test_pretraining_is_cached_and_reloads(tmp_path, monkeypatch, tiny):
     monkeypatch.setenv("FMLAB_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("FMLAB_PROGRESS", "0")
-    cfg = GINCPretrainConfig(world=tiny.config, width=8, embed_dim=4, steps=3, batch_size=4, window=16)
+    cfg = GINCPretrainConfig(
+        world=tiny.config, width=8, embed_dim=4, steps=3, batch_size=4, window=16
+    )
     first = pretrain_ginc_lm(cfg)
     assert len(list(tmp_path.glob("ginc_lm-*.pt"))) == 1
     second = pretrain_ginc_lm(cfg)
-    assert all(torch.equal(first["state_dict"][k], second["state_dict"][k]) for k in first["state_dict"])
+    assert all(
+        torch.equal(first["state_dict"][k], second["state_dict"][k])
+        for k in first["state_dict"]
+    )
     model = load_ginc_lm(cfg)
     tokens = torch.randint(tiny.config.vocab_size, (3, 5))
     assert next_token_logits(model, tokens).shape == (3, tiny.config.vocab_size)
 
 
 # -- argument validation -------------------------------------------------------------
+
 
 def test_invalid_arguments_name_the_argument(tiny):
     with pytest.raises(ValueError, match="n_entities"):
@@ -405,6 +488,8 @@ def test_invalid_arguments_name_the_argument(tiny):
     with pytest.raises(ValueError, match="steps"):
         GINCPretrainConfig(steps=0)
     with pytest.raises(ValueError, match="concepts"):
-        in_context_grid(None, tiny, (0,), (3,), n_prompts=2, seed=0, epsilon=0.1, concepts="all")
+        in_context_grid(
+            None, tiny, (0,), (3,), n_prompts=2, seed=0, epsilon=0.1, concepts="all"
+        )
     with pytest.raises(ValueError, match="tokens"):
         LSTMLanguageModel(5)(torch.full((1, 2), 7))

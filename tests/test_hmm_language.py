@@ -25,7 +25,6 @@ from fmlab.implicit_bias import (
 from fmlab.models.masked_lm import BiGRUMaskedLM, member_losses
 
 
-
 @pytest.fixture(autouse=True)
 def _one_thread():
     """Tiny tensors: a second intra-op thread only adds synchronisation (restored after)."""
@@ -35,8 +34,15 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
-TINY = HMMLanguageConfig(n_blocks=2, states_per_block=2, length=4, stay=0.8, cycle_noise=0.2,
-                         emission_noise=0.3, seed=1)
+TINY = HMMLanguageConfig(
+    n_blocks=2,
+    states_per_block=2,
+    length=4,
+    stay=0.8,
+    cycle_noise=0.2,
+    emission_noise=0.3,
+    seed=1,
+)
 
 
 def _brute_force(lang):
@@ -66,7 +72,9 @@ def test_the_language_is_a_distribution_and_the_forward_algorithm_is_exact(tiny)
     lang, seqs, px, _ = tiny
     assert float(px.sum()) == pytest.approx(1.0, abs=1e-12)
     assert torch.allclose(lang.log_likelihood(seqs).exp(), px, atol=1e-14)
-    assert torch.allclose(lang.transition.sum(1), torch.ones(TINY.n_states, dtype=torch.float64))
+    assert torch.allclose(
+        lang.transition.sum(1), torch.ones(TINY.n_states, dtype=torch.float64)
+    )
 
 
 def test_masked_conditionals_match_enumeration(tiny):
@@ -116,8 +124,13 @@ def test_tied_emissions_hide_the_block_from_token_counts():
     lang = HMMLanguage(HMMLanguageConfig())
     S = lang.config.states_per_block
     for k in range(1, lang.config.n_blocks):
-        assert torch.equal(lang.emission[:S], lang.emission[k * S:(k + 1) * S])
-    succ = [tuple(lang.transition[k * S:(k + 1) * S, k * S:(k + 1) * S].argmax(1).tolist()) for k in range(2)]
+        assert torch.equal(lang.emission[:S], lang.emission[k * S : (k + 1) * S])
+    succ = [
+        tuple(
+            lang.transition[k * S : (k + 1) * S, k * S : (k + 1) * S].argmax(1).tolist()
+        )
+        for k in range(2)
+    ]
     assert succ[0] != succ[1]  # the blocks differ only in their cycles
 
 
@@ -135,7 +148,9 @@ def test_language_arguments_are_validated():
 
 # -- the masked language model -----------------------------------------------------
 def test_the_prediction_at_t_never_sees_token_t():
-    model = BiGRUMaskedLM(5, hidden=4, d_ff=6, n_models=2, generator=torch.Generator().manual_seed(0))
+    model = BiGRUMaskedLM(
+        5, hidden=4, d_ff=6, n_models=2, generator=torch.Generator().manual_seed(0)
+    )
     x = torch.randint(5, (3, 6), generator=torch.Generator().manual_seed(1))
     base = model(x)
     for t in range(6):
@@ -148,7 +163,9 @@ def test_the_prediction_at_t_never_sees_token_t():
 
 
 def test_ensemble_members_are_independent_models():
-    model = BiGRUMaskedLM(5, hidden=4, d_ff=6, n_models=3, generator=torch.Generator().manual_seed(0))
+    model = BiGRUMaskedLM(
+        5, hidden=4, d_ff=6, n_models=3, generator=torch.Generator().manual_seed(0)
+    )
     x = torch.randint(5, (4, 6), generator=torch.Generator().manual_seed(1))
     for e in range(3):
         assert torch.allclose(model.member(e)(x)[0], model(x)[e], atol=1e-6)
@@ -163,7 +180,9 @@ def test_ensemble_members_are_independent_models():
 
 def test_mlm_fisher_trace_matches_a_sum_over_positions_and_labels():
     torch.manual_seed(0)
-    model = BiGRUMaskedLM(3, hidden=3, d_ff=4, n_models=2, generator=torch.Generator().manual_seed(0))
+    model = BiGRUMaskedLM(
+        3, hidden=3, d_ff=4, n_models=2, generator=torch.Generator().manual_seed(0)
+    )
     x = torch.randint(3, (4, 3), generator=torch.Generator().manual_seed(1))
     n, T, V = 4, 3, 3
     exact = torch.zeros(2)
@@ -174,32 +193,46 @@ def test_mlm_fisher_trace_matches_a_sum_over_positions_and_labels():
             for t in range(T):
                 for y in range(V):
                     member.zero_grad()
-                    F.log_softmax(member(x[i:i + 1])[0, 0, t], -1)[y].backward()
+                    F.log_softmax(member(x[i : i + 1])[0, 0, t], -1)[y].backward()
                     sq = sum(float(p.grad.pow(2).sum()) for p in member.parameters())
                     exact[e] += probs[i, t, y] * sq / (n * T)
     # the same four sentences repeated: 3000 independent label draws each, in one vmap
-    est = mlm_fisher_trace(model, x.repeat(3000, 1), generator=torch.Generator().manual_seed(2))
+    est = mlm_fisher_trace(
+        model, x.repeat(3000, 1), generator=torch.Generator().manual_seed(2)
+    )
     assert torch.all((est.per_group - exact).abs() < 4 * est.per_group_stderr)
     assert torch.allclose(est.per_group, exact, rtol=0.05)
 
 
 def test_gradient_covariance_trace_matches_explicit_gradients():
-    model = BiGRUMaskedLM(3, hidden=3, d_ff=4, n_models=1, generator=torch.Generator().manual_seed(0))
+    model = BiGRUMaskedLM(
+        3, hidden=3, d_ff=4, n_models=1, generator=torch.Generator().manual_seed(0)
+    )
     x = torch.randint(3, (3, 3), generator=torch.Generator().manual_seed(1))
     grads = []
     for i in range(3):
         for t in range(3):
             model.zero_grad()
-            (-F.log_softmax(model(x[i:i + 1])[0, 0, t], -1)[x[i, t]]).backward()
-            grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]).double())
+            (-F.log_softmax(model(x[i : i + 1])[0, 0, t], -1)[x[i, t]]).backward()
+            grads.append(
+                torch.cat([p.grad.reshape(-1) for p in model.parameters()]).double()
+            )
     G = torch.stack(grads)
     expected = float((G - G.mean(0)).pow(2).sum(1).mean())
-    assert float(mlm_gradient_covariance_trace(model, x)[0]) == pytest.approx(expected, rel=1e-5)
+    assert float(mlm_gradient_covariance_trace(model, x)[0]) == pytest.approx(
+        expected, rel=1e-5
+    )
 
 
 def test_kl_gap_is_cross_entropy_minus_entropy():
     lang = HMMLanguage(TINY)
-    model = BiGRUMaskedLM(TINY.vocab_size, hidden=3, d_ff=4, n_models=2, generator=torch.Generator().manual_seed(0))
+    model = BiGRUMaskedLM(
+        TINY.vocab_size,
+        hidden=3,
+        d_ff=4,
+        n_models=2,
+        generator=torch.Generator().manual_seed(0),
+    )
     x, _ = lang.sample(50, torch.Generator().manual_seed(0))
     p = lang.masked_conditionals(x)
     logq = F.log_softmax(model(x).double(), -1).detach()
@@ -213,16 +246,27 @@ def test_kl_gap_is_cross_entropy_minus_entropy():
 def test_ridge_probe_primal_and_kernel_forms_agree_and_separate_easy_data():
     g = torch.Generator().manual_seed(0)
     y = torch.randint(3, (60,), generator=g)
-    feats = F.one_hot(y, 3).double() + 0.05 * torch.randn(60, 3, generator=g, dtype=torch.float64)
+    feats = F.one_hot(y, 3).double() + 0.05 * torch.randn(
+        60, 3, generator=g, dtype=torch.float64
+    )
     assert ridge_probe_accuracy(feats[:30], y[:30], feats[30:], y[30:], 3) == 1.0
-    wide = torch.cat([feats, torch.randn(60, 40, generator=g, dtype=torch.float64)], 1)  # d > n: kernel form
-    acc_kernel = ridge_probe_accuracy(wide[:30], y[:30], wide[30:], y[30:], 3, ridge=0.5)
+    wide = torch.cat(
+        [feats, torch.randn(60, 40, generator=g, dtype=torch.float64)], 1
+    )  # d > n: kernel form
+    acc_kernel = ridge_probe_accuracy(
+        wide[:30], y[:30], wide[30:], y[30:], 3, ridge=0.5
+    )
     a = wide[:30]
     mu, sd = a.mean(0), a.std(0) + 1e-6
     Z = torch.cat([(a - mu) / sd, torch.ones(30, 1, dtype=torch.float64)], 1)
     Zt = torch.cat([(wide[30:] - mu) / sd, torch.ones(30, 1, dtype=torch.float64)], 1)
-    W = torch.linalg.solve(Z.T @ Z / 30 + 0.5 * torch.eye(44, dtype=torch.float64), Z.T @ F.one_hot(y[:30], 3).double() / 30)
-    assert acc_kernel == pytest.approx(float(((Zt @ W).argmax(1) == y[30:]).double().mean()))
+    W = torch.linalg.solve(
+        Z.T @ Z / 30 + 0.5 * torch.eye(44, dtype=torch.float64),
+        Z.T @ F.one_hot(y[:30], 3).double() / 30,
+    )
+    assert acc_kernel == pytest.approx(
+        float(((Zt @ W).argmax(1) == y[30:]).double().mean())
+    )
     curve = probe_curve(feats, y, feats, y, 3, (10, 30))
     assert curve.shape == (2,)
     with pytest.raises(ValueError, match="columns"):
@@ -232,7 +276,9 @@ def test_ridge_probe_primal_and_kernel_forms_agree_and_separate_easy_data():
 
 
 def test_adversarial_loss_is_differentiable_and_per_member():
-    model = BiGRUMaskedLM(5, hidden=3, d_ff=4, n_models=2, generator=torch.Generator().manual_seed(0))
+    model = BiGRUMaskedLM(
+        5, hidden=3, d_ff=4, n_models=2, generator=torch.Generator().manual_seed(0)
+    )
     x = torch.randint(5, (16, 6), generator=torch.Generator().manual_seed(1))
     labels = torch.randint(2, (16,), generator=torch.Generator().manual_seed(2))
     loss = adversarial_probe_loss(model, x, labels, 2)

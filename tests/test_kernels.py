@@ -58,7 +58,14 @@ def lang():
 
 @pytest.fixture(scope="module")
 def tiny(lang):
-    cfg = TransformerConfig(vocab_size=lang.vocab_size, max_len=lang.seq_len, d_model=8, n_layers=1, n_heads=2, pad_id=lang.pad_id)
+    cfg = TransformerConfig(
+        vocab_size=lang.vocab_size,
+        max_len=lang.seq_len,
+        d_model=8,
+        n_layers=1,
+        n_heads=2,
+        pad_id=lang.pad_id,
+    )
     return TinyTransformer(cfg, seed=3)
 
 
@@ -75,7 +82,9 @@ def per_example_grads(model, x):
 def test_jacobian_matches_per_example_backward():
     model = TwoOut()
     x = torch.randn(7, 3)
-    assert torch.allclose(jacobian(model, x, chunk_size=3), per_example_grads(model, x), atol=1e-6)
+    assert torch.allclose(
+        jacobian(model, x, chunk_size=3), per_example_grads(model, x), atol=1e-6
+    )
 
 
 def test_jacobian_matches_finite_differences():
@@ -115,7 +124,9 @@ def test_entk_matches_autograd_loop_scalar_and_vector_outputs(lang, tiny):
     # chunks that do not divide n give the same kernel, block by block
     for chunk in (1, 2, 3):
         assert torch.allclose(empirical_ntk(vec, xv, chunk_size=chunk), kv, atol=1e-6)
-        assert torch.allclose(empirical_ntk(vec, xv[:2], xv, chunk_size=chunk), kv[:2], atol=1e-6)
+        assert torch.allclose(
+            empirical_ntk(vec, xv[:2], xv, chunk_size=chunk), kv[:2], atol=1e-6
+        )
     # symmetric, positive semi-definite
     flat = kv.permute(0, 2, 1, 3).reshape(10, 10)
     assert torch.allclose(flat, flat.T, atol=1e-5)
@@ -126,7 +137,9 @@ def test_signgd_kernels_match_their_formulas():
     model = TwoOut(seed=2)
     x1, x2 = torch.randn(4, 3), torch.randn(3, 3)
     g1, g2 = per_example_grads(model, x1), per_example_grads(model, x2)
-    ks = empirical_kernels(model, x1, x2, kernels=("sgd", "asymmetric_signgd", "signgd"), chunk_size=2)
+    ks = empirical_kernels(
+        model, x1, x2, kernels=("sgd", "asymmetric_signgd", "signgd"), chunk_size=2
+    )
     assert torch.allclose(ks["sgd"], g1 @ g2.T, atol=1e-6)
     assert torch.allclose(ks["asymmetric_signgd"], g1 @ g2.sign().T, atol=1e-6)
     assert torch.allclose(ks["signgd"], g1.sign() @ g2.sign().T, atol=1e-6)
@@ -150,7 +163,9 @@ def test_linearized_outputs_is_first_order_taylor():
     assert (m1(x).detach() - lin).norm() < 1e-2 * (m1(x) - m0(x)).detach().norm()
     # exact for a model that is linear in its parameters
     wrap0, wrap1 = Wrap(nn.Linear(3, 1).double()), Wrap(nn.Linear(3, 1).double())
-    assert torch.allclose(linearized_outputs(wrap0, wrap1, x), wrap1(x).detach(), atol=1e-12)
+    assert torch.allclose(
+        linearized_outputs(wrap0, wrap1, x), wrap1(x).detach(), atol=1e-12
+    )
 
 
 class Wrap(nn.Module):
@@ -177,12 +192,23 @@ def primal_logistic(phi, y, f0, reg, psi=None):
     from scipy.optimize import minimize
 
     phi, y, f0 = phi.numpy(), y.numpy(), f0.numpy()
-    if psi is None:  # unrestricted: the representer theorem puts the minimiser in span(phi)
+    if (
+        psi is None
+    ):  # unrestricted: the representer theorem puts the minimiser in span(phi)
+
         def obj(d):
             m = y * (f0 + phi @ d)
-            return np.logaddexp(0, -m).mean() + 0.5 * reg * d @ d, phi.T @ (-y / (1 + np.exp(m))) / len(y) + reg * d
+            return np.logaddexp(0, -m).mean() + 0.5 * reg * d @ d, phi.T @ (
+                -y / (1 + np.exp(m))
+            ) / len(y) + reg * d
 
-        res = minimize(obj, np.zeros(phi.shape[1]), jac=True, method="L-BFGS-B", options={"gtol": 1e-12, "ftol": 1e-15, "maxiter": 5000})
+        res = minimize(
+            obj,
+            np.zeros(phi.shape[1]),
+            jac=True,
+            method="L-BFGS-B",
+            options={"gtol": 1e-12, "ftol": 1e-15, "maxiter": 5000},
+        )
         return f0 + phi @ res.x, res.x
     psi = psi.numpy()
 
@@ -192,7 +218,13 @@ def primal_logistic(phi, y, f0, reg, psi=None):
         g_d = phi.T @ (-y / (1 + np.exp(m))) / len(y) + reg * d
         return np.logaddexp(0, -m).mean() + 0.5 * reg * d @ d, psi @ g_d
 
-    res = minimize(obj, np.zeros(psi.shape[0]), jac=True, method="L-BFGS-B", options={"gtol": 1e-12, "ftol": 1e-15, "maxiter": 5000})
+    res = minimize(
+        obj,
+        np.zeros(psi.shape[0]),
+        jac=True,
+        method="L-BFGS-B",
+        options={"gtol": 1e-12, "ftol": 1e-15, "maxiter": 5000},
+    )
     return f0 + phi @ (psi.T @ res.x), psi.T @ res.x
 
 
@@ -210,12 +242,18 @@ def test_kernel_logistic_regression_matches_primal_solution():
     assert np.allclose(fitted.numpy(), primal_fit, atol=1e-5)
     # prediction on new points = f0 + <phi(x), delta>
     phi_new = torch.randn(5, p, generator=g, dtype=torch.float64)
-    assert np.allclose(kernel_predict(phi_new @ phi.T, alpha).numpy(), phi_new.numpy() @ delta, atol=1e-5)
+    assert np.allclose(
+        kernel_predict(phi_new @ phi.T, alpha).numpy(),
+        phi_new.numpy() @ delta,
+        atol=1e-5,
+    )
     # asymmetric: delta restricted to span(sign phi), penalty S = <sign, sign>
     psi = phi.sign()
     alpha_a = fit_kernel_logistic(phi @ psi.T, y, reg=reg, f0=f0, penalty=psi @ psi.T)
     primal_a, _ = primal_logistic(phi, y, f0, reg, psi=psi)
-    assert np.allclose(kernel_predict(phi @ psi.T, alpha_a, f0).numpy(), primal_a, atol=1e-5)
+    assert np.allclose(
+        kernel_predict(phi @ psi.T, alpha_a, f0).numpy(), primal_a, atol=1e-5
+    )
 
 
 def test_kernel_logistic_validates_arguments():
@@ -249,7 +287,9 @@ def test_lora_kernel_is_random_projection_of_weight_gradients(lang, tiny):
     model.zero_grad()
     model(x[:1]).sum().backward()
     name = targets[0]
-    assert torch.allclose(grads[name][0], model.get_submodule(name).weight.grad, atol=1e-6)
+    assert torch.allclose(
+        grads[name][0], model.get_submodule(name).weight.grad, atol=1e-6
+    )
     proj = {n: lora.get_submodule(n).lora_A.detach() for n in targets}
     k_formula = lora_projected_kernel(grads, grads, proj)
     assert torch.allclose(empirical_ntk(lora, x), k_formula, rtol=1e-4, atol=1e-6)
@@ -264,7 +304,15 @@ def test_lora_kernel_is_unbiased():
     g = torch.Generator().manual_seed(0)
     grads = {"w": torch.randn(4, 3, 6, generator=g)}
     full = lora_projected_kernel(grads, grads, {"w": torch.eye(6)})
-    mean = sum(lora_projected_kernel(grads, grads, {"w": torch.randn(2, 6, generator=g) / 2**0.5}) for _ in range(4000)) / 4000
+    mean = (
+        sum(
+            lora_projected_kernel(
+                grads, grads, {"w": torch.randn(2, 6, generator=g) / 2**0.5}
+            )
+            for _ in range(4000)
+        )
+        / 4000
+    )
     assert (mean - full).norm() / full.norm() < 0.05
 
 
@@ -272,16 +320,34 @@ def test_lora_kernel_is_unbiased():
 def test_language_probabilities_and_posterior(lang):
     for probs in lang.word_probs.values():
         assert torch.allclose(probs.sum(1), torch.ones(2, dtype=torch.float64))
-    words = torch.tensor([[lang.index["good"], lang.index["scary"], lang.index["the"], lang.pad_id, lang.pad_id]])
+    words = torch.tensor(
+        [
+            [
+                lang.index["good"],
+                lang.index["scary"],
+                lang.index["the"],
+                lang.pad_id,
+                lang.pad_id,
+            ]
+        ]
+    )
     for domain in ("pretrain", "task"):
         p = lang.word_probs[domain]
         like_pos = p[0, words[0, :3]].prod()
         like_neg = p[1, words[0, :3]].prod()
         brute = math.log(0.3 * like_pos / (0.7 * like_neg))
-        assert lang.log_odds(words, domain=domain, prior_positive=0.3).item() == pytest.approx(brute)
+        assert lang.log_odds(
+            words, domain=domain, prior_positive=0.3
+        ).item() == pytest.approx(brute)
     # "scary" is neutral in pretraining, positive in the task domain
-    assert lang.word_probs["pretrain"][0, lang.index["scary"]] == lang.word_probs["pretrain"][1, lang.index["scary"]]
-    assert lang.word_probs["task"][0, lang.index["scary"]] > lang.word_probs["task"][1, lang.index["scary"]]
+    assert (
+        lang.word_probs["pretrain"][0, lang.index["scary"]]
+        == lang.word_probs["pretrain"][1, lang.index["scary"]]
+    )
+    assert (
+        lang.word_probs["task"][0, lang.index["scary"]]
+        > lang.word_probs["task"][1, lang.index["scary"]]
+    )
     with pytest.raises(ValueError, match="domain"):
         lang.sample_sentences(2, torch.Generator(), domain="web")
     with pytest.raises(ValueError, match="irony_max"):
@@ -293,7 +359,9 @@ def test_language_documents(lang):
     docs = lang.sample_pretraining(50, g)
     assert docs.shape == (50, lang.seq_len) and (docs[:, 0] == lang.cls_id).all()
     text = lang.decode(docs)
-    assert any(t.endswith("it was great .") for t in text) and any(t.endswith("it was terrible .") for t in text)
+    assert any(t.endswith("it was great .") for t in text) and any(
+        t.endswith("it was terrible .") for t in text
+    )
     s, w, l = lang.sample_sentences(3, g, domain="task")
     prompted = lang.task_inputs(w, l)
     assert ((prompted == lang.mask_id).sum(1) == 1).all()
@@ -302,12 +370,24 @@ def test_language_documents(lang):
 
 
 def test_transformer_ignores_padding_and_respects_causality(lang):
-    cfg = TransformerConfig(vocab_size=lang.vocab_size, max_len=8, d_model=8, n_layers=2, n_heads=2, pad_id=lang.pad_id)
+    cfg = TransformerConfig(
+        vocab_size=lang.vocab_size,
+        max_len=8,
+        d_model=8,
+        n_layers=2,
+        n_heads=2,
+        pad_id=lang.pad_id,
+    )
     model = TinyTransformer(cfg, seed=0)
     x = torch.tensor([[2, 10, 11, 12, 0, 0, 0, 0]])  # right-padded with [PAD] = 0
     x2 = torch.tensor([[2, 10, 11, 12]])
     assert torch.allclose(model(x)[0, :4], model(x2)[0], atol=1e-5)
-    causal = TinyTransformer(TransformerConfig(vocab_size=lang.vocab_size, max_len=8, d_model=8, n_heads=2, causal=True), seed=0)
+    causal = TinyTransformer(
+        TransformerConfig(
+            vocab_size=lang.vocab_size, max_len=8, d_model=8, n_heads=2, causal=True
+        ),
+        seed=0,
+    )
     a = torch.tensor([[2, 10, 11, 12, 13]])
     b = torch.tensor([[2, 10, 11, 20, 21]])
     assert torch.allclose(causal(a)[0, :3], causal(b)[0, :3], atol=1e-6)
@@ -349,11 +429,15 @@ def test_signgd_fine_tuning_step_and_theorem_4_3(lang, tiny):
     tuned = fine_tune(model, x, y, FineTuneConfig("signgd", lr, 1))
     loss = logistic_loss(model(x), y)
     grads = torch.autograd.grad(loss, list(model.parameters()))
-    expected = flat_params(model) - lr * torch.cat([g.sign().reshape(-1) for g in grads])
+    expected = flat_params(model) - lr * torch.cat(
+        [g.sign().reshape(-1) for g in grads]
+    )
     assert torch.allclose(flat_params(tuned), expected, atol=1e-7)
     check = signgd_step_check(model, x[0], float(y[0]), x[1:], (1e-6, 1e-4))
     assert check.rel_error[0] < 1e-3
-    assert check.rel_error[1] / check.rel_error[0] == pytest.approx(100, rel=0.2)  # first order
+    assert check.rel_error[1] / check.rel_error[0] == pytest.approx(
+        100, rel=0.2
+    )  # first order
 
 
 def test_fine_tune_validates(lang, tiny):
@@ -368,7 +452,9 @@ def test_fine_tune_validates(lang, tiny):
 def test_time_entk_reports_same_matrix():
     out = time_entk(TwoOut(), torch.randn(6, 3), chunk_size=4, repeats=2)
     assert out["max_rel_diff"] < 1e-5 and out["speedup"] > 0
-    assert out["speedup_ceiling"] == pytest.approx(out["seconds_loop"] / out["seconds_gram"])
+    assert out["speedup_ceiling"] == pytest.approx(
+        out["seconds_loop"] / out["seconds_gram"]
+    )
     with pytest.raises(ValueError, match="repeats"):
         time_entk(TwoOut(), torch.randn(6, 3), repeats=0)
     with pytest.raises(ValueError, match="two examples"):

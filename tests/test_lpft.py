@@ -101,12 +101,21 @@ def test_fine_tune_first_layer_moves_only_in_span_of_inputs():
     x = torch.zeros(20, 6)
     x[:, :3] = torch.randn(20, 3)  # inputs live in the first three coordinates
     y = torch.randint(3, (20,))
-    res = fine_tune_classifier(enc, random_head(4, 3, torch.Generator().manual_seed(1)), x, y, lr=0.05, steps=30,
-                    track={"in": x, "out": torch.randn(5, 6) * torch.tensor([0, 0, 0, 1.0, 1, 1])})
+    res = fine_tune_classifier(
+        enc,
+        random_head(4, 3, torch.Generator().manual_seed(1)),
+        x,
+        y,
+        lr=0.05,
+        steps=30,
+        track={"in": x, "out": torch.randn(5, 6) * torch.tensor([0, 0, 0, 1.0, 1, 1])},
+    )
     dW = (res.encoder.net[0].weight - enc.net[0].weight).detach()
     assert float(dW[:, 3:].abs().max()) == 0.0 and float(dW[:, :3].abs().max()) > 1e-3
     assert res.train_loss[-1] < res.train_loss[0]
-    assert res.trace["train_loss"].shape == res.trace_steps.shape == res.trace["in"].shape
+    assert (
+        res.trace["train_loss"].shape == res.trace_steps.shape == res.trace["in"].shape
+    )
     assert float(res.trace["in"][0]) == 0.0
 
 
@@ -133,7 +142,9 @@ def test_invalid_arguments_name_the_argument():
         softmax_regression(f[:5], y, 3, l2=0.1)
     enc = MLP([5, 4], final_activation=True)
     with pytest.raises(ValueError, match="lr"):
-        fine_tune_classifier(enc, random_head(4, 3, torch.Generator()), f.float(), y, lr=0.0, steps=1)
+        fine_tune_classifier(
+            enc, random_head(4, 3, torch.Generator()), f.float(), y, lr=0.0, steps=1
+        )
     with pytest.raises(TypeError, match="head"):
         fine_tune_classifier(enc, enc, f.float(), y, lr=0.1, steps=1)
     with pytest.raises(TypeError, match="generator"):

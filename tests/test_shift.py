@@ -13,12 +13,18 @@ def test_styles_are_orthogonal_and_samples_follow_the_model():
     gram = torch.einsum("idp,jdq->ijpq", R, R)
     for i in range(cfg.n_styles):
         for j in range(cfg.n_styles):
-            want = torch.eye(cfg.dim_content, dtype=torch.float64) if i == j else torch.zeros(cfg.dim_content, cfg.dim_content, dtype=torch.float64)
+            want = (
+                torch.eye(cfg.dim_content, dtype=torch.float64)
+                if i == j
+                else torch.zeros(cfg.dim_content, cfg.dim_content, dtype=torch.float64)
+            )
             assert torch.allclose(gram[i, j], want, atol=1e-12)
     s = w.sample(500, (2,), torch.Generator().manual_seed(0))
     # without input noise, an input lies entirely in its style's subspace
     energy = w.style_coordinates(s.x)
-    assert torch.allclose(energy[:, [0, 1, 3]], torch.zeros(500, 3, dtype=torch.float64), atol=1e-8)
+    assert torch.allclose(
+        energy[:, [0, 1, 3]], torch.zeros(500, 3, dtype=torch.float64), atol=1e-8
+    )
     # the label is the rule applied to the content, recovered exactly as R_j^T x
     z = s.x.double() @ R[2]
     assert torch.equal((z @ w.rule.T).argmax(1), s.labels)

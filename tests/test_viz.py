@@ -20,7 +20,9 @@ def test_slider_figure_has_one_image_per_state():
     outer = box.children[-1]
     assert isinstance(outer, w.Stack) and len(outer.children) == 3
     images = [img for inner in outer.children for img in inner.children]
-    assert len(images) == 6 and all(isinstance(i, w.Image) and i.value[:4] == b"\x89PNG" for i in images)
+    assert len(images) == 6 and all(
+        isinstance(i, w.Image) and i.value[:4] == b"\x89PNG" for i in images
+    )
     assert len({i.value for i in images}) == 6  # every state is a different picture
 
 

@@ -14,10 +14,14 @@ from typing import Sequence
 import torch
 
 
-def check_int(name: str, value, *, minimum: int | None = None, maximum: int | None = None) -> int:
+def check_int(
+    name: str, value, *, minimum: int | None = None, maximum: int | None = None
+) -> int:
     """Return ``value`` as an int, or raise if it is not an integer in [minimum, maximum]."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__} ({value!r})")
+        raise TypeError(
+            f"{name} must be an integer, got {type(value).__name__} ({value!r})"
+        )
     value = int(value)
     if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
@@ -39,7 +43,9 @@ def check_float(
     ``strict_min`` makes the lower bound exclusive (``value > minimum``).
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__} ({value!r})")
+        raise TypeError(
+            f"{name} must be a real number, got {type(value).__name__} ({value!r})"
+        )
     value = float(value)
     if not math.isfinite(value):
         raise ValueError(f"{name} must be finite, got {value}")
@@ -73,7 +79,9 @@ def check_tensor(
     if shape is not None:
         ndim = len(shape)
     if ndim is not None and value.ndim != ndim:
-        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(value.shape)}")
+        raise ValueError(
+            f"{name} must have {ndim} dimensions, got shape {tuple(value.shape)}"
+        )
     if shape is not None:
         for axis, (want, got) in enumerate(zip(shape, value.shape)):
             if want is not None and want != got:
@@ -82,7 +90,9 @@ def check_tensor(
                 )
     if floating and not value.is_floating_point():
         raise TypeError(f"{name} must have a floating dtype, got {value.dtype}")
-    if integer and (value.is_floating_point() or value.is_complex() or value.dtype == torch.bool):
+    if integer and (
+        value.is_floating_point() or value.is_complex() or value.dtype == torch.bool
+    ):
         raise TypeError(f"{name} must have an integer dtype, got {value.dtype}")
     if finite and value.is_floating_point() and not bool(torch.isfinite(value).all()):
         raise ValueError(f"{name} contains NaN or infinite entries")
@@ -94,7 +104,9 @@ def check_same_length(names: Sequence[str], *tensors: torch.Tensor) -> int:
     lengths = [t.shape[0] for t in tensors]
     if len(set(lengths)) > 1:
         pairs = ", ".join(f"{n}: {l}" for n, l in zip(names, lengths))
-        raise ValueError(f"{' and '.join(names)} must have the same number of rows, got {pairs}")
+        raise ValueError(
+            f"{' and '.join(names)} must have the same number of rows, got {pairs}"
+        )
     return lengths[0]
 
 

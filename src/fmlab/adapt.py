@@ -58,11 +58,15 @@ def quadratic_loss(gamma: torch.Tensor, moments: Moments) -> float:
     """:math:`\\gamma^\\top\\Sigma\\gamma - 2b^\\top\\gamma + c`: the mean squared error of the head."""
     if not isinstance(moments, Moments):
         raise TypeError(f"moments must be a Moments, got {type(moments).__name__}")
-    gamma = check_tensor("gamma", gamma, shape=(moments.b.shape[0],), floating=True).double()
+    gamma = check_tensor(
+        "gamma", gamma, shape=(moments.b.shape[0],), floating=True
+    ).double()
     return float(gamma @ moments.sigma @ gamma - 2 * moments.b @ gamma + moments.c)
 
 
-def ball_constrained_least_squares(moments: Moments, c0: float, *, tol: float = 1e-12) -> torch.Tensor:
+def ball_constrained_least_squares(
+    moments: Moments, c0: float, *, tol: float = 1e-12
+) -> torch.Tensor:
     """Exact minimiser of the quadratic loss over the ball :math:`\\|\\gamma\\|_2 \\le c_0`.
 
     The KKT conditions give :math:`\\gamma(\\lambda) = (\\Sigma + \\lambda I)^{-1} b` with
@@ -83,8 +87,14 @@ def ball_constrained_least_squares(moments: Moments, c0: float, *, tol: float = 
     scale = max(float(evals.max()), 1e-300)
     positive = evals > scale * 1e-12
     # minimum-norm unconstrained minimiser (pseudo-inverse): only directions with signal
-    free = torch.where(positive, beta / torch.where(positive, evals, torch.ones_like(evals)), torch.zeros_like(beta))
-    if float(free.norm()) <= c0 and bool((beta[~positive].abs() <= 1e-12 * (1 + beta.abs().max())).all()):
+    free = torch.where(
+        positive,
+        beta / torch.where(positive, evals, torch.ones_like(evals)),
+        torch.zeros_like(beta),
+    )
+    if float(free.norm()) <= c0 and bool(
+        (beta[~positive].abs() <= 1e-12 * (1 + beta.abs().max())).all()
+    ):
         return evecs @ free
 
     def norm_at(lam: float) -> float:
@@ -104,7 +114,9 @@ def ball_constrained_least_squares(moments: Moments, c0: float, *, tol: float = 
     return evecs @ (beta / (evals + hi))
 
 
-def linear_probe(features: torch.Tensor, y: torch.Tensor, c0: float = float("inf")) -> torch.Tensor:
+def linear_probe(
+    features: torch.Tensor, y: torch.Tensor, c0: float = float("inf")
+) -> torch.Tensor:
     """Linear probing as problem (3): the empirical-risk minimiser with :math:`\\|\\gamma\\| \\le c_0`.
 
     Returns the head ``gamma`` of shape ``(k,)`` (float64). Add a constant column to
@@ -147,7 +159,13 @@ def fine_tune(
         g = generator if generator is not None else make_generator(0)
         head = (0.01 * torch.randn(k, generator=g)).requires_grad_(True)
     else:
-        head = check_tensor("head_init", head_init, shape=(k,), floating=True).detach().float().clone().requires_grad_(True)
+        head = (
+            check_tensor("head_init", head_init, shape=(k,), floating=True)
+            .detach()
+            .float()
+            .clone()
+            .requires_grad_(True)
+        )
     opt = torch.optim.Adam(list(tuned.parameters()) + [head], lr=lr)
     tuned.train()
     for _ in range(steps):

@@ -65,7 +65,9 @@ class GINCPretrainConfig:
 
     def __post_init__(self):
         if not isinstance(self.world, GINCConfig):
-            raise TypeError(f"world must be a GINCConfig, got {type(self.world).__name__}")
+            raise TypeError(
+                f"world must be a GINCConfig, got {type(self.world).__name__}"
+            )
         check_int("width", self.width, minimum=1)
         check_int("n_layers", self.n_layers, minimum=1)
         check_int("embed_dim", self.embed_dim, minimum=1)
@@ -80,9 +82,15 @@ def build_model(cfg: GINCPretrainConfig) -> nn.Module:
     """A freshly initialised model for ``cfg`` (seeded by ``cfg.seed``)."""
     if not isinstance(cfg, GINCPretrainConfig):
         raise TypeError(f"cfg must be a GINCPretrainConfig, got {type(cfg).__name__}")
-    seed_everything(cfg.seed)  # the LSTM's default initialisation draws from the global stream
-    return LSTMLanguageModel(cfg.world.vocab_size, embed_dim=cfg.embed_dim, hidden_dim=cfg.width,
-                             n_layers=cfg.n_layers)
+    seed_everything(
+        cfg.seed
+    )  # the LSTM's default initialisation draws from the global stream
+    return LSTMLanguageModel(
+        cfg.world.vocab_size,
+        embed_dim=cfg.embed_dim,
+        hidden_dim=cfg.width,
+        n_layers=cfg.n_layers,
+    )
 
 
 def _windows(corpus: torch.Tensor, starts: torch.Tensor, length: int) -> torch.Tensor:
@@ -94,16 +102,30 @@ def _train(cfg: GINCPretrainConfig) -> dict:
     world = GINC(cfg.world)
     corpus = world.pretraining_corpus()
     if len(corpus) <= cfg.window + 1:
-        raise ValueError(f"the corpus ({len(corpus)} tokens) is shorter than window + 1 = {cfg.window + 1}")
+        raise ValueError(
+            f"the corpus ({len(corpus)} tokens) is shorter than window + 1 = {cfg.window + 1}"
+        )
     model = build_model(cfg)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=cfg.steps, pct_start=0.1)
+    sched = torch.optim.lr_scheduler.OneCycleLR(
+        opt, max_lr=cfg.lr, total_steps=cfg.steps, pct_start=0.1
+    )
     g = make_generator(cfg.seed + 10_000)
     V = cfg.world.vocab_size
     losses = torch.empty(cfg.steps)
     model.train()
-    for step in progress(range(cfg.steps), total=cfg.steps, desc=f"pretraining LSTM-{cfg.width} (seed {cfg.seed})"):
-        x = _windows(corpus, torch.randint(0, len(corpus) - cfg.window - 1, (cfg.batch_size,), generator=g), cfg.window + 1)
+    for step in progress(
+        range(cfg.steps),
+        total=cfg.steps,
+        desc=f"pretraining LSTM-{cfg.width} (seed {cfg.seed})",
+    ):
+        x = _windows(
+            corpus,
+            torch.randint(
+                0, len(corpus) - cfg.window - 1, (cfg.batch_size,), generator=g
+            ),
+            cfg.window + 1,
+        )
         loss = F.cross_entropy(model(x[:, :-1]).reshape(-1, V), x[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -113,12 +135,19 @@ def _train(cfg: GINCPretrainConfig) -> dict:
         losses[step] = loss.detach()
     model.eval()
     # validation: fresh documents from the seen concepts, scored from their first token
-    docs = world.sample_documents(256, cfg.window + 1, make_generator(cfg.seed + 20_000))
+    docs = world.sample_documents(
+        256, cfg.window + 1, make_generator(cfg.seed + 20_000)
+    )
     with torch.no_grad():
         logits = model(docs.tokens[:, :-1])
-        val = F.cross_entropy(logits.reshape(-1, V), docs.tokens[:, 1:].reshape(-1)).item()
-    return {"state_dict": {k: v.detach().clone() for k, v in model.state_dict().items()},
-            "losses": losses, "val_loss": val}
+        val = F.cross_entropy(
+            logits.reshape(-1, V), docs.tokens[:, 1:].reshape(-1)
+        ).item()
+    return {
+        "state_dict": {k: v.detach().clone() for k, v in model.state_dict().items()},
+        "losses": losses,
+        "val_loss": val,
+    }
 
 
 def pretrain_ginc_lm(cfg: GINCPretrainConfig) -> dict:
@@ -140,17 +169,26 @@ def load_ginc_lm(cfg: GINCPretrainConfig) -> nn.Module:
 
 
 @torch.no_grad()
-def next_token_logits(model: nn.Module, tokens: torch.Tensor, batch_size: int = 1024) -> torch.Tensor:
+def next_token_logits(
+    model: nn.Module, tokens: torch.Tensor, batch_size: int = 1024
+) -> torch.Tensor:
     """The model's next-token logits after each prompt: ``(B, T)`` tokens to ``(B, V)``."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     tokens = check_tensor("tokens", tokens, ndim=2, integer=True)
     batch_size = check_int("batch_size", batch_size, minimum=1)
     model.eval()
-    return torch.cat([model(tokens[i : i + batch_size])[:, -1] for i in range(0, len(tokens), batch_size)])
+    return torch.cat(
+        [
+            model(tokens[i : i + batch_size])[:, -1]
+            for i in range(0, len(tokens), batch_size)
+        ]
+    )
 
 
-def bayes_pretraining_loss(world: GINC, length: int, n_documents: int = 256, seed: int = 0) -> float:
+def bayes_pretraining_loss(
+    world: GINC, length: int, n_documents: int = 256, seed: int = 0
+) -> float:
     """The smallest possible next-token cross-entropy on documents of ``length`` tokens.
 
     The mean over positions 2..``length`` of :math:`-\\log p(o_{t}\\mid o_{1:t-1})` under the
@@ -163,9 +201,15 @@ def bayes_pretraining_loss(world: GINC, length: int, n_documents: int = 256, see
     n_documents = check_int("n_documents", n_documents, minimum=1)
     docs = world.sample_documents(n_documents, length, make_generator(seed))
     idx = world.seen_concepts
-    lls = prefix_log_likelihoods(docs.tokens, world.transition_matrices(idx), world.emission_matrix(),
-                                 world.start_probs[idx])  # (B, C, T)
-    mix = torch.logsumexp(lls - math.log(len(idx)), dim=1)  # log p(o_{1:t}) under the mixture
+    lls = prefix_log_likelihoods(
+        docs.tokens,
+        world.transition_matrices(idx),
+        world.emission_matrix(),
+        world.start_probs[idx],
+    )  # (B, C, T)
+    mix = torch.logsumexp(
+        lls - math.log(len(idx)), dim=1
+    )  # log p(o_{1:t}) under the mixture
     return -(mix[:, -1] - mix[:, 0]).mean().item() / (length - 1)
 
 
@@ -185,7 +229,9 @@ def _nested_last_logits(model: nn.Module, full: Prompts, ns) -> dict:
     out, state, done = {}, None, 0
     for n in sorted(set(ns)):
         while done < n:  # advance the state over one more example and its delimiter
-            _, state = model.forward_with_state(torch.cat([full.examples[:, done], delim], dim=1), state)
+            _, state = model.forward_with_state(
+                torch.cat([full.examples[:, done], delim], dim=1), state
+            )
             done += 1
         out[n] = model.forward_with_state(test, state)[0][:, -1]
     return out
@@ -217,8 +263,18 @@ class ICLGrid:
     predictions: dict = field(default_factory=dict, repr=False)
 
 
-def in_context_grid(models, world: GINC, ns, ks, *, n_prompts: int, seed: int, epsilon: float,
-                    concepts: str = "seen", prior_concepts: str = "seen") -> ICLGrid:
+def in_context_grid(
+    models,
+    world: GINC,
+    ns,
+    ks,
+    *,
+    n_prompts: int,
+    seed: int,
+    epsilon: float,
+    concepts: str = "seen",
+    prior_concepts: str = "seen",
+) -> ICLGrid:
     """Evaluate models and the Bayes predictor on the same fresh prompts.
 
     For every ``k`` in ``ks``, ``n_prompts`` prompts with ``max(ns)`` examples are drawn from
@@ -231,7 +287,9 @@ def in_context_grid(models, world: GINC, ns, ks, *, n_prompts: int, seed: int, e
     ``models`` is a dict name -> model (or None / empty for the Bayes predictor only).
     """
     models = {} if models is None else models
-    if not isinstance(models, dict) or not all(isinstance(m, nn.Module) for m in models.values()):
+    if not isinstance(models, dict) or not all(
+        isinstance(m, nn.Module) for m in models.values()
+    ):
         raise TypeError("models must be a dict of name -> torch.nn.Module, or None")
     if not isinstance(world, GINC):
         raise TypeError(f"world must be a GINC, got {type(world).__name__}")
@@ -244,22 +302,40 @@ def in_context_grid(models, world: GINC, ns, ks, *, n_prompts: int, seed: int, e
     check_choice("concepts", concepts, ("seen", "unseen"))
     check_choice("prior_concepts", prior_concepts, ("seen", "all"))
     shape = (len(ns), len(ks))
-    grid = ICLGrid(ns, ks, *(torch.full(shape, float("nan"), dtype=torch.float64) for _ in range(3)))
+    grid = ICLGrid(
+        ns,
+        ks,
+        *(torch.full(shape, float("nan"), dtype=torch.float64) for _ in range(3)),
+    )
     for name in models:
         for d in (grid.accuracy, grid.agreement, grid.chance_agreement):
             d[name] = torch.full(shape, float("nan"), dtype=torch.float64)
     V = world.config.vocab_size
     prior_idx = world.concept_indices(prior_concepts)
     for j, k in enumerate(ks):
-        full = world.sample_prompts(n_prompts, max(ns), k, make_generator(seed * 1_000_003 + k), concepts=concepts)
-        last_logits = {name: _nested_last_logits(model, full, ns) for name, model in models.items()}
+        full = world.sample_prompts(
+            n_prompts,
+            max(ns),
+            k,
+            make_generator(seed * 1_000_003 + k),
+            concepts=concepts,
+        )
+        last_logits = {
+            name: _nested_last_logits(model, full, ns) for name, model in models.items()
+        }
         for i, n in enumerate(ns):
             pr = full.with_examples(n)
-            bayes = ginc_bayes_predictor(world, pr.tokens, epsilon, concepts=prior_concepts)
+            bayes = ginc_bayes_predictor(
+                world, pr.tokens, epsilon, concepts=prior_concepts
+            )
             b = bayes.prediction
-            grid.bayes_accuracy[i, j] = ((b == pr.labels) & ~bayes.impossible).double().mean()
+            grid.bayes_accuracy[i, j] = (
+                ((b == pr.labels) & ~bayes.impossible).double().mean()
+            )
             grid.bayes_impossible[i, j] = bayes.impossible.double().mean()
-            hit = (prior_idx.unsqueeze(0) == pr.concepts.unsqueeze(1))  # (B, C): where c* sits in the prior
+            hit = prior_idx.unsqueeze(0) == pr.concepts.unsqueeze(
+                1
+            )  # (B, C): where c* sits in the prior
             if bool(hit.any(1).all()):
                 grid.true_posterior[i, j] = (bayes.posterior * hit).sum(1).mean()
             entry = {"labels": pr.labels, "bayes": b, "concepts": pr.concepts}
@@ -286,8 +362,17 @@ def random_concept_accuracy(world: GINC, prompts: Prompts) -> float:
     if not isinstance(prompts, Prompts):
         raise TypeError(f"prompts must be Prompts, got {type(prompts).__name__}")
     x = prompts.examples[:, -1, :-1]
-    hits = [(world.most_likely_next_token(x, torch.full_like(prompts.labels, c), prompts.start_property)
-             == prompts.labels).double().mean() for c in world.seen_concepts.tolist()]
+    hits = [
+        (
+            world.most_likely_next_token(
+                x, torch.full_like(prompts.labels, c), prompts.start_property
+            )
+            == prompts.labels
+        )
+        .double()
+        .mean()
+        for c in world.seen_concepts.tolist()
+    ]
     return float(torch.stack(hits).mean())
 
 
@@ -307,8 +392,13 @@ class OrderSensitivity:
     bayes_changed: float
 
 
-def order_sensitivity(model: nn.Module, world: GINC, prompts: Prompts, epsilon: float,
-                      max_orders: int = 24) -> OrderSensitivity:
+def order_sensitivity(
+    model: nn.Module,
+    world: GINC,
+    prompts: Prompts,
+    epsilon: float,
+    max_orders: int = 24,
+) -> OrderSensitivity:
     """Evaluate ``model`` and the Bayes predictor on ``prompts`` with the in-context examples
     permuted (the first ``max_orders`` permutations in lexicographic order; the test
     example stays last)."""
@@ -321,9 +411,13 @@ def order_sensitivity(model: nn.Module, world: GINC, prompts: Prompts, epsilon: 
     if not isinstance(prompts, Prompts):
         raise TypeError(f"prompts must be Prompts, got {type(prompts).__name__}")
     if prompts.n_examples < 2:
-        raise ValueError(f"prompts must hold at least 2 in-context examples, got {prompts.n_examples}")
+        raise ValueError(
+            f"prompts must hold at least 2 in-context examples, got {prompts.n_examples}"
+        )
     max_orders = check_int("max_orders", max_orders, minimum=1)
-    orders = list(itertools.islice(itertools.permutations(range(prompts.n_examples)), max_orders))
+    orders = list(
+        itertools.islice(itertools.permutations(range(prompts.n_examples)), max_orders)
+    )
     m_pred, b_pred = [], []
     for order in orders:
         pr = prompts.reordered(torch.tensor(order))

@@ -57,7 +57,9 @@ __all__ = [
 # ---------------------------------------------------------------------------------
 # the loss gap
 # ---------------------------------------------------------------------------------
-def kl_gap(model: BiGRUMaskedLM, tokens: torch.Tensor, true_conditionals: torch.Tensor) -> torch.Tensor:
+def kl_gap(
+    model: BiGRUMaskedLM, tokens: torch.Tensor, true_conditionals: torch.Tensor
+) -> torch.Tensor:
     """:math:`\\mathbb{E}_{x,t}\\,\\mathrm{KL}(p^\\star(\\cdot\\mid x_{-t})\\,\\|\\,p_\\theta(\\cdot\\mid x_{-t}))` for each member: ``(E,)``.
 
     The masked-LM loss of a member is the entropy of the language plus this gap, so it is
@@ -65,9 +67,17 @@ def kl_gap(model: BiGRUMaskedLM, tokens: torch.Tensor, true_conditionals: torch.
     ``true_conditionals`` are ``language.masked_conditionals(tokens)``, ``(n, T, V)``.
     """
     tokens = model.check_tokens(tokens)
-    p = check_tensor("true_conditionals", true_conditionals, ndim=3, floating=True).double()
-    if tokens.ndim != 3 or p.shape[:2] != tokens.shape[1:] or p.shape[2] != model.vocab_size:
-        raise ValueError("true_conditionals must have shape (n, T, V) matching tokens (n, T)")
+    p = check_tensor(
+        "true_conditionals", true_conditionals, ndim=3, floating=True
+    ).double()
+    if (
+        tokens.ndim != 3
+        or p.shape[:2] != tokens.shape[1:]
+        or p.shape[2] != model.vocab_size
+    ):
+        raise ValueError(
+            "true_conditionals must have shape (n, T, V) matching tokens (n, T)"
+        )
     with torch.no_grad():
         logq = F.log_softmax(model(tokens).double(), dim=-1)
     return (p * (p.clamp_min(1e-300).log() - logq)).sum(-1).mean((1, 2))
@@ -80,8 +90,13 @@ def _params(model):
     return {k: v.detach() for k, v in model.named_parameters()}
 
 
-def mlm_fisher_trace(model: BiGRUMaskedLM, tokens: torch.Tensor, *, n_labels: int = 1,
-                     generator: torch.Generator | None = None) -> TraceEstimate:
+def mlm_fisher_trace(
+    model: BiGRUMaskedLM,
+    tokens: torch.Tensor,
+    *,
+    n_labels: int = 1,
+    generator: torch.Generator | None = None,
+) -> TraceEstimate:
     """Sampled-label estimate of :math:`\\operatorname{tr}\\nabla^2 L_{\\text{pre}}` for each member.
 
     :math:`L_{\\text{pre}} = \\mathbb{E}_x \\frac1T\\sum_t -\\log p_\\theta(x_t\\mid x_{-t})`. Labels for
@@ -102,13 +117,31 @@ def mlm_fisher_trace(model: BiGRUMaskedLM, tokens: torch.Tensor, *, n_labels: in
         lg = functional_call(model, p, (x[None],))[:, 0]
         return F.log_softmax(lg, dim=-1).gather(-1, y[..., None]).sum()
 
-    est = fisher_trace(log_prob, logits_fn, _params(model), tokens, n_labels=n_labels,
-                       generator=generator, groups=model.n_models)
-    return TraceEstimate(est.value / T, est.stderr / T, est.n, est.per_group / T, est.per_group_stderr / T)
+    est = fisher_trace(
+        log_prob,
+        logits_fn,
+        _params(model),
+        tokens,
+        n_labels=n_labels,
+        generator=generator,
+        groups=model.n_models,
+    )
+    return TraceEstimate(
+        est.value / T,
+        est.stderr / T,
+        est.n,
+        est.per_group / T,
+        est.per_group_stderr / T,
+    )
 
 
-def mlm_hutchinson_trace(model: BiGRUMaskedLM, tokens: torch.Tensor, *, n_probes: int = 32,
-                         generator: torch.Generator | None = None) -> TraceEstimate:
+def mlm_hutchinson_trace(
+    model: BiGRUMaskedLM,
+    tokens: torch.Tensor,
+    *,
+    n_probes: int = 32,
+    generator: torch.Generator | None = None,
+) -> TraceEstimate:
     """Hutchinson's estimate of the trace of the Hessian of the true-label loss on ``tokens``."""
     if not isinstance(model, BiGRUMaskedLM):
         raise TypeError(f"model must be a BiGRUMaskedLM, got {type(model).__name__}")
@@ -117,14 +150,24 @@ def mlm_hutchinson_trace(model: BiGRUMaskedLM, tokens: torch.Tensor, *, n_probes
     def loss(p):
         lg = functional_call(model, p, (tokens,))
         E, n, T, V = lg.shape
-        nll = F.cross_entropy(lg.reshape(-1, V), tokens.expand(E, n, T).reshape(-1), reduction="none")
+        nll = F.cross_entropy(
+            lg.reshape(-1, V), tokens.expand(E, n, T).reshape(-1), reduction="none"
+        )
         return nll.reshape(E, -1).mean(1).sum()
 
-    return hutchinson_trace(loss, _params(model), n_probes=n_probes, generator=generator,
-                            chunk=8, groups=model.n_models)
+    return hutchinson_trace(
+        loss,
+        _params(model),
+        n_probes=n_probes,
+        generator=generator,
+        chunk=8,
+        groups=model.n_models,
+    )
 
 
-def mlm_gradient_covariance_trace(model: BiGRUMaskedLM, tokens: torch.Tensor) -> torch.Tensor:
+def mlm_gradient_covariance_trace(
+    model: BiGRUMaskedLM, tokens: torch.Tensor
+) -> torch.Tensor:
     """:math:`\\operatorname{tr}\\Sigma` of the single-mask stochastic gradient, for each member: ``(E,)``.
 
     One stochastic gradient is :math:`g = \\nabla_\\theta[-\\log p_\\theta(x_t\\mid x_{-t})]` for a
@@ -141,7 +184,9 @@ def mlm_gradient_covariance_trace(model: BiGRUMaskedLM, tokens: torch.Tensor) ->
 
     def nll(p, x, t):  # t is a one-hot (T,) vector marking the masked position
         lg = functional_call(model, p, (x[None],))[:, 0]  # (E, T, V)
-        logp = F.log_softmax(lg, dim=-1).gather(-1, x.expand(lg.shape[0], -1)[..., None])[..., 0]
+        logp = F.log_softmax(lg, dim=-1).gather(
+            -1, x.expand(lg.shape[0], -1)[..., None]
+        )[..., 0]
         return -(logp * t).sum()
 
     xs = tokens.repeat_interleave(T, dim=0)
@@ -170,9 +215,14 @@ def _standardize(train: torch.Tensor, test: torch.Tensor):
     return one(train), one(test)
 
 
-def ridge_probe_accuracy(train_features: torch.Tensor, train_labels: torch.Tensor,
-                         test_features: torch.Tensor, test_labels: torch.Tensor,
-                         n_classes: int, ridge: float = 1e-2) -> float:
+def ridge_probe_accuracy(
+    train_features: torch.Tensor,
+    train_labels: torch.Tensor,
+    test_features: torch.Tensor,
+    test_labels: torch.Tensor,
+    n_classes: int,
+    ridge: float = 1e-2,
+) -> float:
     """Test accuracy of a ridge-regression classifier (one-hot targets) on standardised features.
 
     The head solves :math:`\\min_W \\frac1n\\lVert \\tilde\\Phi W - Y\\rVert^2 + \\lambda\\lVert W\\rVert^2` in
@@ -181,26 +231,41 @@ def ridge_probe_accuracy(train_features: torch.Tensor, train_labels: torch.Tenso
     """
     ftr = check_tensor("train_features", train_features, ndim=2, floating=True).double()
     fte = check_tensor("test_features", test_features, ndim=2, floating=True).double()
-    ytr = check_tensor("train_labels", train_labels, shape=(ftr.shape[0],), integer=True)
+    ytr = check_tensor(
+        "train_labels", train_labels, shape=(ftr.shape[0],), integer=True
+    )
     yte = check_tensor("test_labels", test_labels, shape=(fte.shape[0],), integer=True)
     if fte.shape[1] != ftr.shape[1]:
-        raise ValueError("train_features and test_features must have the same number of columns")
+        raise ValueError(
+            "train_features and test_features must have the same number of columns"
+        )
     n_classes = check_int("n_classes", n_classes, minimum=2)
     ridge = check_float("ridge", ridge, minimum=0.0, strict_min=True)
     a, b = _standardize(ftr, fte)
     n, d = a.shape
     Y = F.one_hot(ytr, n_classes).double()
     if d <= n:
-        W = torch.linalg.solve(a.T @ a / n + ridge * torch.eye(d, dtype=a.dtype), a.T @ Y / n)
+        W = torch.linalg.solve(
+            a.T @ a / n + ridge * torch.eye(d, dtype=a.dtype), a.T @ Y / n
+        )
         scores = b @ W
     else:  # the same solution in its n x n (kernel) form
-        coef = torch.linalg.solve(a @ a.T / n + ridge * torch.eye(n, dtype=a.dtype), Y) / n
+        coef = (
+            torch.linalg.solve(a @ a.T / n + ridge * torch.eye(n, dtype=a.dtype), Y) / n
+        )
         scores = (b @ a.T) @ coef
     return float((scores.argmax(1) == yte).double().mean())
 
 
-def probe_curve(train_features, train_labels, test_features, test_labels, n_classes: int,
-                sizes, ridge: float = 1e-2) -> torch.Tensor:
+def probe_curve(
+    train_features,
+    train_labels,
+    test_features,
+    test_labels,
+    n_classes: int,
+    sizes,
+    ridge: float = 1e-2,
+) -> torch.Tensor:
     """Probe accuracy for each training size in ``sizes``: ``(len(sizes),)``.
 
     A size :math:`m` uses disjoint blocks of :math:`m` training rows (up to three) and averages
@@ -211,14 +276,28 @@ def probe_curve(train_features, train_labels, test_features, test_labels, n_clas
     for m in sizes:
         m = check_int("sizes", m, minimum=2, maximum=N)
         reps = max(1, min(3, N // m))
-        accs = [ridge_probe_accuracy(train_features[r * m:(r + 1) * m], train_labels[r * m:(r + 1) * m],
-                                     test_features, test_labels, n_classes, ridge) for r in range(reps)]
+        accs = [
+            ridge_probe_accuracy(
+                train_features[r * m : (r + 1) * m],
+                train_labels[r * m : (r + 1) * m],
+                test_features,
+                test_labels,
+                n_classes,
+                ridge,
+            )
+            for r in range(reps)
+        ]
         out.append(sum(accs) / reps)
     return torch.tensor(out)
 
 
-def adversarial_probe_loss(model: BiGRUMaskedLM, tokens: torch.Tensor, labels: torch.Tensor,
-                           n_classes: int, ridge: float = 1e-2) -> torch.Tensor:
+def adversarial_probe_loss(
+    model: BiGRUMaskedLM,
+    tokens: torch.Tensor,
+    labels: torch.Tensor,
+    n_classes: int,
+    ridge: float = 1e-2,
+) -> torch.Tensor:
     """The meta-learning objective of the adversary (Liu et al., 2023, appendix A.4), per member.
 
     The sentences are split in halves :math:`S_1, S_2`. A ridge head is fitted in closed form
@@ -233,7 +312,10 @@ def adversarial_probe_loss(model: BiGRUMaskedLM, tokens: torch.Tensor, labels: t
     Y = F.one_hot(labels, n_classes).to(f.dtype)
     A = f[:, :m]
     K = A @ A.transpose(1, 2) / m
-    coef = torch.linalg.solve(K + ridge * torch.eye(m), Y[:m].expand(f.shape[0], -1, -1)) / m
+    coef = (
+        torch.linalg.solve(K + ridge * torch.eye(m), Y[:m].expand(f.shape[0], -1, -1))
+        / m
+    )
     pred = (f[:, m:] @ A.transpose(1, 2)) @ coef
     return (pred - Y[m:]).pow(2).sum(-1).mean(1)
 
@@ -241,11 +323,25 @@ def adversarial_probe_loss(model: BiGRUMaskedLM, tokens: torch.Tensor, labels: t
 # ---------------------------------------------------------------------------------
 # training
 # ---------------------------------------------------------------------------------
-def train_phase(model: BiGRUMaskedLM, language: HMMLanguage, *, steps: int, batch: int, lr: float,
-                optimizer: str = "adam", warmup: int = 0, cosine: bool = True,
-                generator: torch.Generator, adversarial_weight: float = 0.0, adversarial_batch: int = 128,
-                position: int = 0, ridge: float = 1e-2, every: int = 0, callback=None,
-                desc: str = "training") -> None:
+def train_phase(
+    model: BiGRUMaskedLM,
+    language: HMMLanguage,
+    *,
+    steps: int,
+    batch: int,
+    lr: float,
+    optimizer: str = "adam",
+    warmup: int = 0,
+    cosine: bool = True,
+    generator: torch.Generator,
+    adversarial_weight: float = 0.0,
+    adversarial_batch: int = 128,
+    position: int = 0,
+    ridge: float = 1e-2,
+    every: int = 0,
+    callback=None,
+    desc: str = "training",
+) -> None:
     """Train every member of ``model`` in place on fresh sentences of ``language``.
 
     Each step draws ``batch`` new sentences per member (the population loss, no data set
@@ -258,10 +354,14 @@ def train_phase(model: BiGRUMaskedLM, language: HMMLanguage, *, steps: int, batc
     steps = check_int("steps", steps, minimum=0)
     batch = check_int("batch", batch, minimum=1)
     lr = check_float("lr", lr, minimum=0.0, strict_min=True)
-    adversarial_weight = check_float("adversarial_weight", adversarial_weight, minimum=0.0)
+    adversarial_weight = check_float(
+        "adversarial_weight", adversarial_weight, minimum=0.0
+    )
     if optimizer not in ("adam", "sgd"):
         raise ValueError(f"optimizer must be 'adam' or 'sgd', got {optimizer!r}")
-    opt = (torch.optim.Adam if optimizer == "adam" else torch.optim.SGD)(model.parameters(), lr=lr)
+    opt = (torch.optim.Adam if optimizer == "adam" else torch.optim.SGD)(
+        model.parameters(), lr=lr
+    )
 
     def factor(s):
         w = min(1.0, (s + 1) / warmup) if warmup else 1.0
@@ -275,8 +375,13 @@ def train_phase(model: BiGRUMaskedLM, language: HMMLanguage, *, steps: int, batc
         if adversarial_weight > 0:
             dt, dh = language.sample(adversarial_batch, generator)
             blocks = dh[:, position] // S
-            loss = loss - adversarial_weight * adversarial_probe_loss(model, dt, blocks, language.config.n_blocks,
-                                                                      ridge).sum()
+            loss = (
+                loss
+                - adversarial_weight
+                * adversarial_probe_loss(
+                    model, dt, blocks, language.config.n_blocks, ridge
+                ).sum()
+            )
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -327,7 +432,9 @@ class SameLossConfig:
         if not isinstance(self.language, HMMLanguageConfig):
             raise TypeError("language must be an HMMLanguageConfig")
         check_int("n_models", self.n_models, minimum=1)
-        check_int("position", self.position, minimum=0, maximum=self.language.length - 1)
+        check_int(
+            "position", self.position, minimum=0, maximum=self.language.length - 1
+        )
         check_int("n_checkpoints", self.n_checkpoints, minimum=1)
         if self.continue_steps % self.n_checkpoints:
             raise ValueError("continue_steps must be a multiple of n_checkpoints")
@@ -377,19 +484,33 @@ def _same_loss_experiment(config: SameLossConfig) -> dict:
             "gap": kl_gap(model, gap_tok, gap_cond),
             "trace": tr.per_group.double(),
             "trace_se": tr.per_group_stderr.double(),
-            "accuracy": torch.stack([curve(ftr[e], fte[e]) for e in range(model.n_models)]),
+            "accuracy": torch.stack(
+                [curve(ftr[e], fte[e]) for e in range(model.n_models)]
+            ),
         }
 
     out: dict = {}
     ent, ent_se = lang.optimal_mlm_loss()
     out["entropy"] = torch.tensor([ent, ent_se])
-    out["bayes_accuracy"] = torch.tensor(float(lang.block_posterior(te_tok)[:, c.position].max(-1).values.mean()))
-    out["lookup_accuracy"] = curve(lang.masked_conditionals(tr_tok).flatten(1), lang.masked_conditionals(te_tok).flatten(1))
-    out["posterior_accuracy"] = curve(lang.state_posterior(tr_tok).flatten(1), lang.state_posterior(te_tok).flatten(1))
+    out["bayes_accuracy"] = torch.tensor(
+        float(lang.block_posterior(te_tok)[:, c.position].max(-1).values.mean())
+    )
+    out["lookup_accuracy"] = curve(
+        lang.masked_conditionals(tr_tok).flatten(1),
+        lang.masked_conditionals(te_tok).flatten(1),
+    )
+    out["posterior_accuracy"] = curve(
+        lang.state_posterior(tr_tok).flatten(1), lang.state_posterior(te_tok).flatten(1)
+    )
 
     # 1. pretraining
-    model = BiGRUMaskedLM(lang.config.vocab_size, hidden=c.hidden, d_ff=c.d_ff, n_models=c.n_models,
-                          generator=make_generator(c.seed))
+    model = BiGRUMaskedLM(
+        lang.config.vocab_size,
+        hidden=c.hidden,
+        d_ff=c.d_ff,
+        n_models=c.n_models,
+        generator=make_generator(c.seed),
+    )
     gen = make_generator(c.seed + 1)
     curve_steps, curve_gap = [], []
 
@@ -397,8 +518,18 @@ def _same_loss_experiment(config: SameLossConfig) -> dict:
         curve_steps.append(step)
         curve_gap.append(kl_gap(model, gap_tok[:1000], gap_cond[:1000]))
 
-    train_phase(model, lang, steps=c.pretrain_steps, batch=c.pretrain_batch, lr=c.pretrain_lr, warmup=100,
-                generator=gen, every=max(1, c.pretrain_steps // 15), callback=log_gap, desc="pretraining")
+    train_phase(
+        model,
+        lang,
+        steps=c.pretrain_steps,
+        batch=c.pretrain_batch,
+        lr=c.pretrain_lr,
+        warmup=100,
+        generator=gen,
+        every=max(1, c.pretrain_steps // 15),
+        callback=log_gap,
+        desc="pretraining",
+    )
     out["pretrain_steps"] = torch.tensor(curve_steps)
     out["pretrain_gap"] = torch.stack(curve_gap)
     pretrained = copy.deepcopy(model)
@@ -406,9 +537,19 @@ def _same_loss_experiment(config: SameLossConfig) -> dict:
     # 2. continued training with SGD, evaluated at checkpoints
     records = [evaluate(model, 20_000)]
     every = c.continue_steps // c.n_checkpoints
-    train_phase(model, lang, steps=c.continue_steps, batch=c.continue_batch, lr=c.continue_lr, optimizer="sgd",
-                cosine=False, generator=make_generator(c.seed + 2), every=every,
-                callback=lambda step: records.append(evaluate(model, 20_000 + step)), desc="continued training")
+    train_phase(
+        model,
+        lang,
+        steps=c.continue_steps,
+        batch=c.continue_batch,
+        lr=c.continue_lr,
+        optimizer="sgd",
+        cosine=False,
+        generator=make_generator(c.seed + 2),
+        every=every,
+        callback=lambda step: records.append(evaluate(model, 20_000 + step)),
+        desc="continued training",
+    )
     out["continue_steps"] = torch.arange(0, c.continue_steps + 1, every)
     for key in ("gap", "trace", "trace_se", "accuracy"):
         out[f"continue_{key}"] = torch.stack([r[key] for r in records])
@@ -417,20 +558,41 @@ def _same_loss_experiment(config: SameLossConfig) -> dict:
     for name, weight in (("adversarial", c.adversarial_weight), ("control", 0.0)):
         m = copy.deepcopy(pretrained)
         gen_adv = make_generator(c.seed + 3)
-        train_phase(m, lang, steps=c.adversarial_steps, batch=c.pretrain_batch, lr=c.adversarial_lr,
-                    generator=gen_adv, adversarial_weight=weight, adversarial_batch=c.adversarial_batch,
-                    position=c.position, ridge=c.probe_ridge, desc=f"{name} training")
-        train_phase(m, lang, steps=c.reconverge_steps, batch=c.pretrain_batch, lr=c.reconverge_lr,
-                    generator=gen_adv, desc="re-convergence")
+        train_phase(
+            m,
+            lang,
+            steps=c.adversarial_steps,
+            batch=c.pretrain_batch,
+            lr=c.adversarial_lr,
+            generator=gen_adv,
+            adversarial_weight=weight,
+            adversarial_batch=c.adversarial_batch,
+            position=c.position,
+            ridge=c.probe_ridge,
+            desc=f"{name} training",
+        )
+        train_phase(
+            m,
+            lang,
+            steps=c.reconverge_steps,
+            batch=c.pretrain_batch,
+            lr=c.reconverge_lr,
+            generator=gen_adv,
+            desc="re-convergence",
+        )
         for key, val in evaluate(m, 30_000).items():
             out[f"{name}_{key}"] = val
 
     # 4. the Bartlett identity at the pretrained models: three traces
     btok = trace_tok[: c.n_bartlett]
     out["bartlett_covariance"] = mlm_gradient_covariance_trace(pretrained, btok)
-    hut = mlm_hutchinson_trace(pretrained, btok, n_probes=c.bartlett_probes, generator=make_generator(40_000))
+    hut = mlm_hutchinson_trace(
+        pretrained, btok, n_probes=c.bartlett_probes, generator=make_generator(40_000)
+    )
     out["bartlett_hutchinson"] = hut.per_group.double()
     out["bartlett_hutchinson_se"] = torch.tensor(hut.stderr)
-    out["bartlett_fisher"] = mlm_fisher_trace(pretrained, btok, n_labels=4, generator=make_generator(40_001)).per_group.double()
+    out["bartlett_fisher"] = mlm_fisher_trace(
+        pretrained, btok, n_labels=4, generator=make_generator(40_001)
+    ).per_group.double()
     out["pretrained_state"] = {k: v.clone() for k, v in pretrained.state_dict().items()}
     return out

@@ -21,18 +21,23 @@ import torch
 from torch import nn
 
 from ._validate import check_choice, check_float, check_int
-from .data.contrastive import LatentClassConfig, LatentClassModel, ManifoldConfig, MixtureOfManifolds
+from .data.contrastive import (
+    LatentClassConfig,
+    LatentClassModel,
+    ManifoldConfig,
+    MixtureOfManifolds,
+)
 from .models.mlp import MLP
 from .repro import make_generator, seed_everything
 from .theory.contrastive import (
     contrastive_loss_on_triples,
     curl_terms,
     label_leakage,
-    within_class_spread,
     laplacian_eigenvalues,
     linear_probe_loss,
     spectral_contrastive_loss,
     spectral_minimizer,
+    within_class_spread,
 )
 from .train import cached, progress, train
 
@@ -56,12 +61,23 @@ class SphereEncoder(nn.Module):
     alone (Arora et al. assume :math:`\\lVert f(x)\\rVert \\le R`).
     """
 
-    def __init__(self, dim_in: int, *, width: int = 64, depth: int = 2, rep_dim: int = 8, radius: float = 2.0):
+    def __init__(
+        self,
+        dim_in: int,
+        *,
+        width: int = 64,
+        depth: int = 2,
+        rep_dim: int = 8,
+        radius: float = 2.0,
+    ):
         super().__init__()
         depth = check_int("depth", depth, minimum=1)
         self.radius = check_float("radius", radius, minimum=0.0, strict_min=True)
-        self.net = MLP([check_int("dim_in", dim_in, minimum=1)] + [check_int("width", width, minimum=1)] * depth
-                       + [check_int("rep_dim", rep_dim, minimum=1)])
+        self.net = MLP(
+            [check_int("dim_in", dim_in, minimum=1)]
+            + [check_int("width", width, minimum=1)] * depth
+            + [check_int("rep_dim", rep_dim, minimum=1)]
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         g = self.net(x)
@@ -93,7 +109,9 @@ class CurlConfig:
 
 
 def _curl_encoder(cfg: CurlConfig) -> SphereEncoder:
-    return SphereEncoder(2, width=cfg.width, depth=cfg.depth, rep_dim=cfg.rep_dim, radius=cfg.radius)
+    return SphereEncoder(
+        2, width=cfg.width, depth=cfg.depth, rep_dim=cfg.rep_dim, radius=cfg.radius
+    )
 
 
 def pretrain_curl(cfg: CurlConfig) -> dict:
@@ -112,11 +130,20 @@ def pretrain_curl(cfg: CurlConfig) -> dict:
         g = make_generator(cfg.seed + 1)
 
         def loss_fn(m, batch):  # one forward pass for the three views
-            f, f_pos, f_neg = m(torch.cat([batch["x"], batch["x_pos"], batch["x_neg"]])).chunk(3)
+            f, f_pos, f_neg = m(
+                torch.cat([batch["x"], batch["x_pos"], batch["x_neg"]])
+            ).chunk(3)
             return contrastive_loss_on_triples(f, f_pos, f_neg, loss=cfg.loss)
 
-        res = train(model, loss_fn, lambda step: world.sample_triples(cfg.batch_size, g), steps=cfg.steps,
-                    lr=cfg.lr, checkpoints=cfg.checkpoints, desc=f"contrastive pretraining (seed {cfg.seed})")
+        res = train(
+            model,
+            loss_fn,
+            lambda step: world.sample_triples(cfg.batch_size, g),
+            steps=cfg.steps,
+            lr=cfg.lr,
+            checkpoints=cfg.checkpoints,
+            desc=f"contrastive pretraining (seed {cfg.seed})",
+        )
         return {"losses": res.losses, "checkpoints": res.checkpoints}
 
     return cached(cfg, build, name="ch2_curl")
@@ -149,12 +176,28 @@ def curl_along_training(cfg: CurlConfig) -> dict[str, torch.Tensor]:
         with torch.no_grad():
             f = load_curl_encoder(cfg, run["checkpoints"][s])(x).double()
         t = curl_terms(f, world.labels, world.class_probs, loss=cfg.loss)
-        probe = linear_probe_loss(f, world.labels, world.class_probs[world.labels] / world.members.shape[1])
-        rows.append((t.unsupervised, t.mean_classifier, t.bound, within_class_spread(f, world.labels, world.class_probs),
-                     probe.error))
+        probe = linear_probe_loss(
+            f, world.labels, world.class_probs[world.labels] / world.members.shape[1]
+        )
+        rows.append(
+            (
+                t.unsupervised,
+                t.mean_classifier,
+                t.bound,
+                within_class_spread(f, world.labels, world.class_probs),
+                probe.error,
+            )
+        )
     rows = torch.tensor(rows, dtype=torch.float64)
-    return {"steps": torch.tensor(steps), "unsupervised": rows[:, 0], "mean_classifier": rows[:, 1],
-            "bound": rows[:, 2], "spread": rows[:, 3], "probe_error": rows[:, 4], "tau": torch.tensor(world.collision_probability(), dtype=torch.float64)}
+    return {
+        "steps": torch.tensor(steps),
+        "unsupervised": rows[:, 0],
+        "mean_classifier": rows[:, 1],
+        "bound": rows[:, 2],
+        "spread": rows[:, 3],
+        "probe_error": rows[:, 4],
+        "tau": torch.tensor(world.collision_probability(), dtype=torch.float64),
+    }
 
 
 @dataclass(frozen=True)
@@ -167,7 +210,9 @@ class SweepResult:
     along_stds: tuple[float, ...]
     separations: tuple[float, ...]
     k: int
-    minimal_adaptation_loss: torch.Tensor  # best linear probe's squared loss on one-hot labels
+    minimal_adaptation_loss: (
+        torch.Tensor
+    )  # best linear probe's squared loss on one-hot labels
     probe_error: torch.Tensor  # its misclassification rate
     leakage: torch.Tensor  # phi
     lambda_next: torch.Tensor  # lambda_{k+1}
@@ -175,18 +220,24 @@ class SweepResult:
     pretraining_loss: torch.Tensor  # minimal spectral contrastive loss
 
 
-def connectivity_sweep(base: ManifoldConfig, along_stds, separations, k: int) -> SweepResult:
+def connectivity_sweep(
+    base: ManifoldConfig, along_stds, separations, k: int
+) -> SweepResult:
     """For every (along_std, separation): graph, spectral minimiser, probe and guarantee."""
     if not isinstance(base, ManifoldConfig):
         raise TypeError(f"base must be a ManifoldConfig, got {type(base).__name__}")
     along_stds = tuple(check_float("along_stds", s, minimum=0.0) for s in along_stds)
-    separations = tuple(check_float("separations", s, minimum=0.0, strict_min=True) for s in separations)
+    separations = tuple(
+        check_float("separations", s, minimum=0.0, strict_min=True) for s in separations
+    )
     if not along_stds or not separations:
         raise ValueError("along_stds and separations must be non-empty")
     k = check_int("k", k, minimum=1)
     shape = (len(along_stds), len(separations))
-    out = {name: torch.zeros(shape, dtype=torch.float64)
-           for name in ("L", "err", "phi", "lam", "bound", "pre")}
+    out = {
+        name: torch.zeros(shape, dtype=torch.float64)
+        for name in ("L", "err", "phi", "lam", "bound", "pre")
+    }
     cells = [(i, j) for i in range(shape[0]) for j in range(shape[1])]
     for i, j in progress(cells, total=len(cells), desc="connectivity sweep"):
         cfg = replace(base, along_std=along_stds[i], separation=separations[j])
@@ -199,7 +250,17 @@ def connectivity_sweep(base: ManifoldConfig, along_stds, separations, k: int) ->
         out["phi"][i, j], out["lam"][i, j] = phi, lam
         out["bound"][i, j] = phi / lam if lam > 1e-12 else float("inf")
         out["pre"][i, j] = sol.loss
-    return SweepResult(along_stds, separations, k, out["L"], out["err"], out["phi"], out["lam"], out["bound"], out["pre"])
+    return SweepResult(
+        along_stds,
+        separations,
+        k,
+        out["L"],
+        out["err"],
+        out["phi"],
+        out["lam"],
+        out["bound"],
+        out["pre"],
+    )
 
 
 @dataclass(frozen=True)
@@ -256,8 +317,14 @@ def pretrain_spectral(cfg: SpectralConfig) -> dict:
             model = MLP([2] + [cfg.width] * cfg.depth + [cfg.rep_dim])
         else:
             model = _Table(world.n_points, cfg.rep_dim, cfg.init_scale)
-        res = train(model, lambda m, batch: spectral_contrastive_loss(m(x), W), lambda step: None,
-                    steps=cfg.steps, lr=cfg.lr, desc=f"spectral pretraining ({cfg.encoder}, seed {cfg.seed})")
+        res = train(
+            model,
+            lambda m, batch: spectral_contrastive_loss(m(x), W),
+            lambda step: None,
+            steps=cfg.steps,
+            lr=cfg.lr,
+            desc=f"spectral pretraining ({cfg.encoder}, seed {cfg.seed})",
+        )
         with torch.no_grad():
             feats = model(x).double()
         return {"losses": res.losses, "features": feats}

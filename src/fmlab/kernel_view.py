@@ -86,19 +86,31 @@ class PretrainConfig:
         check_int("steps", self.steps, minimum=1)
         check_int("batch_size", self.batch_size, minimum=1)
         check_float("lr", self.lr, minimum=0.0, strict_min=True)
-        check_float("mask_rate", self.mask_rate, minimum=0.0, maximum=1.0, strict_min=True)
-        check_float("statement_mask_rate", self.statement_mask_rate, minimum=0.0, maximum=1.0)
+        check_float(
+            "mask_rate", self.mask_rate, minimum=0.0, maximum=1.0, strict_min=True
+        )
+        check_float(
+            "statement_mask_rate", self.statement_mask_rate, minimum=0.0, maximum=1.0
+        )
         check_int("seed", self.seed, minimum=0)
 
 
-def mask_tokens(lang: SentimentLanguage, x: torch.Tensor, config: PretrainConfig, generator: torch.Generator):
+def mask_tokens(
+    lang: SentimentLanguage,
+    x: torch.Tensor,
+    config: PretrainConfig,
+    generator: torch.Generator,
+):
     """BERT-style masking: every word (not ``[CLS]``/``[PAD]``) is replaced by ``[MASK]`` with
     probability ``mask_rate``, the adjective of a statement with ``statement_mask_rate``
     (a shortcut that keeps pretraining short). Returns the masked input and the mask."""
     u = torch.rand(x.shape, generator=generator)
     candidate = (x != lang.pad_id) & (x != lang.cls_id)
     adjective = (x == lang.great_id) | (x == lang.terrible_id)
-    masked = candidate & ((u < config.mask_rate) | (adjective & (u < max(config.mask_rate, config.statement_mask_rate))))
+    masked = candidate & (
+        (u < config.mask_rate)
+        | (adjective & (u < max(config.mask_rate, config.statement_mask_rate)))
+    )
     return x.masked_fill(masked, lang.mask_id), masked
 
 
@@ -113,7 +125,9 @@ def _model_config(lang: SentimentLanguage, config: PretrainConfig) -> Transforme
     )
 
 
-def pretrain_masked_lm(config: PretrainConfig = PretrainConfig()) -> tuple[TinyTransformer, torch.Tensor]:
+def pretrain_masked_lm(
+    config: PretrainConfig = PretrainConfig(),
+) -> tuple[TinyTransformer, torch.Tensor]:
     """The pretrained masked LM for ``config`` (trained once, then read from the cache).
 
     AdamW with a one-cycle learning-rate schedule on fresh batches of pretraining text.
@@ -128,10 +142,14 @@ def pretrain_masked_lm(config: PretrainConfig = PretrainConfig()) -> tuple[TinyT
         model = TinyTransformer(_model_config(lang, config), seed=config.seed)
         g = make_generator(config.seed + 1)
         opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.01)
-        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=config.lr, total_steps=config.steps, pct_start=0.1)
+        sched = torch.optim.lr_scheduler.OneCycleLR(
+            opt, max_lr=config.lr, total_steps=config.steps, pct_start=0.1
+        )
         losses = torch.empty(config.steps)
         model.train()
-        for step in progress(range(config.steps), total=config.steps, desc="pretraining"):
+        for step in progress(
+            range(config.steps), total=config.steps, desc="pretraining"
+        ):
             x = lang.sample_pretraining(config.batch_size, g)
             inp, masked = mask_tokens(lang, x, config, g)
             loss = F.cross_entropy(model(inp)[masked], x[masked])
@@ -140,7 +158,10 @@ def pretrain_masked_lm(config: PretrainConfig = PretrainConfig()) -> tuple[TinyT
             opt.step()
             sched.step()
             losses[step] = loss.detach()
-        return {"state": {k: v.detach().clone() for k, v in model.state_dict().items()}, "losses": losses}
+        return {
+            "state": {k: v.detach().clone() for k, v in model.state_dict().items()},
+            "losses": losses,
+        }
 
     entry = cached(config, build, name="ch4_mlm")
     model = TinyTransformer(_model_config(lang, config), seed=config.seed)
@@ -156,12 +177,19 @@ class PromptClassifier(nn.Module):
     ``label_words`` names the words for :math:`y=+1` and :math:`y=-1` (other choices make
     a less natural prompt)."""
 
-    def __init__(self, mlm: TinyTransformer, lang: SentimentLanguage, label_words: tuple[str, str] = ("great", "terrible")):
+    def __init__(
+        self,
+        mlm: TinyTransformer,
+        lang: SentimentLanguage,
+        label_words: tuple[str, str] = ("great", "terrible"),
+    ):
         super().__init__()
         if not isinstance(mlm, TinyTransformer):
             raise TypeError(f"mlm must be a TinyTransformer, got {type(mlm).__name__}")
         if len(label_words) != 2 or any(w not in lang.index for w in label_words):
-            raise ValueError(f"label_words must be two words of the vocabulary, got {label_words!r}")
+            raise ValueError(
+                f"label_words must be two words of the vocabulary, got {label_words!r}"
+            )
         self.mlm = copy.deepcopy(mlm)
         self.mask_id = lang.mask_id
         self.pos_id, self.neg_id = (lang.index[w] for w in label_words)
@@ -171,7 +199,9 @@ class PromptClassifier(nn.Module):
         at_mask = (tokens == self.mask_id).to(h.dtype)  # exactly one [MASK] per row
         h_mask = (at_mask[..., None] * h).sum(1)  # (n, d)
         w, b = self.mlm.decoder.weight, self.mlm.decoder.bias
-        return h_mask @ (w[self.pos_id] - w[self.neg_id]) + (b[self.pos_id] - b[self.neg_id])
+        return h_mask @ (w[self.pos_id] - w[self.neg_id]) + (
+            b[self.pos_id] - b[self.neg_id]
+        )
 
 
 class CLSClassifier(nn.Module):
@@ -207,11 +237,21 @@ class FewShotTask:
     words: torch.Tensor  # (n, max_len) the sentences
 
 
-def _balanced(lang: SentimentLanguage, per_class: int, generator: torch.Generator) -> FewShotTask:
-    s, words, lengths = lang.sample_sentences(4 * per_class + 64, generator, domain="task")
-    while int((s > 0).sum()) < per_class or int((s < 0).sum()) < per_class:  # pragma: no cover (rare)
+def _balanced(
+    lang: SentimentLanguage, per_class: int, generator: torch.Generator
+) -> FewShotTask:
+    s, words, lengths = lang.sample_sentences(
+        4 * per_class + 64, generator, domain="task"
+    )
+    while (
+        int((s > 0).sum()) < per_class or int((s < 0).sum()) < per_class
+    ):  # pragma: no cover (rare)
         s2, w2, l2 = lang.sample_sentences(4 * per_class + 64, generator, domain="task")
-        s, words, lengths = torch.cat([s, s2]), torch.cat([words, w2]), torch.cat([lengths, l2])
+        s, words, lengths = (
+            torch.cat([s, s2]),
+            torch.cat([words, w2]),
+            torch.cat([lengths, l2]),
+        )
     pos = torch.nonzero(s > 0)[:per_class, 0]
     neg = torch.nonzero(s < 0)[:per_class, 0]
     idx = torch.stack([pos, neg], dim=1).reshape(-1)  # alternate the classes
@@ -228,7 +268,9 @@ def few_shot_task(lang: SentimentLanguage, k: int, seed: int) -> FewShotTask:
     if not isinstance(lang, SentimentLanguage):
         raise TypeError(f"lang must be a SentimentLanguage, got {type(lang).__name__}")
     k = check_int("k", k, minimum=1)
-    return _balanced(lang, k, make_generator(10_000 + check_int("seed", seed, minimum=0)))
+    return _balanced(
+        lang, k, make_generator(10_000 + check_int("seed", seed, minimum=0))
+    )
 
 
 def test_set(lang: SentimentLanguage, n: int, seed: int = 123_456) -> FewShotTask:
@@ -266,7 +308,12 @@ def logistic_loss(f: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def fine_tune(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: FineTuneConfig, *, seed: int = 0
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    config: FineTuneConfig,
+    *,
+    seed: int = 0,
 ) -> nn.Module:
     """A fine-tuned copy of ``model``: ``config.steps`` steps on the logistic loss.
 
@@ -392,9 +439,15 @@ class KernelExperiment:
 
 
 def _kernel_accuracies(j_tr, j_te, f0_tr, f0_te, y_tr, y_te, reg_rel, names):
-    from .theory.kernels import fit_kernel_logistic, kernel_predict, kernels_from_jacobians
+    from .theory.kernels import (
+        fit_kernel_logistic,
+        kernel_predict,
+        kernels_from_jacobians,
+    )
 
-    k_tr = kernels_from_jacobians(j_tr, j_tr, kernels=("sgd", "asymmetric_signgd", "signgd"))
+    k_tr = kernels_from_jacobians(
+        j_tr, j_tr, kernels=("sgd", "asymmetric_signgd", "signgd")
+    )
     k_te = kernels_from_jacobians(j_te, j_tr, kernels=names)
     reg = reg_rel * float(k_tr["sgd"].diagonal().mean())
     out = {}
@@ -402,10 +455,19 @@ def _kernel_accuracies(j_tr, j_te, f0_tr, f0_te, y_tr, y_te, reg_rel, names):
         if name == "sgd":
             alpha = fit_kernel_logistic(k_tr["sgd"], y_tr, reg=reg, f0=f0_tr)
         elif name == "asymmetric_signgd":
-            alpha = fit_kernel_logistic(k_tr["asymmetric_signgd"], y_tr, reg=reg, f0=f0_tr, penalty=k_tr["signgd"])
+            alpha = fit_kernel_logistic(
+                k_tr["asymmetric_signgd"],
+                y_tr,
+                reg=reg,
+                f0=f0_tr,
+                penalty=k_tr["signgd"],
+            )
         else:  # the symmetric SignGD kernel: its own features sign g, its own scale
             alpha = fit_kernel_logistic(
-                k_tr["signgd"], y_tr, reg=reg_rel * float(k_tr["signgd"].diagonal().mean()), f0=f0_tr
+                k_tr["signgd"],
+                y_tr,
+                reg=reg_rel * float(k_tr["signgd"].diagonal().mean()),
+                f0=f0_tr,
             )
         out[name] = accuracy(kernel_predict(k_te[name], alpha, f0_te).float(), y_te)
     return out
@@ -433,7 +495,12 @@ def kernel_behaviour(
     ``j_te``, the training Jacobian ``j_tr0`` and ``f0_te`` at :math:`\\theta_0` may be passed
     in when already computed. Also returns the output vectors ``f0``, ``f_ft``, ``f_lin``.
     """
-    from .theory.kernels import flat_params, jacobian, kernel_distance, kernels_from_jacobians
+    from .theory.kernels import (
+        flat_params,
+        jacobian,
+        kernel_distance,
+        kernels_from_jacobians,
+    )
 
     j_te = jacobian(model0, x_test) if j_te is None else j_te
     j_tr0 = jacobian(model0, x_train) if j_tr0 is None else j_tr0
@@ -444,12 +511,18 @@ def kernel_behaviour(
     j_tr1 = jacobian(tuned, x_train)
     k0 = kernels_from_jacobians(j_tr0, j_tr0)["sgd"]
     k1 = kernels_from_jacobians(j_tr1, j_tr1)["sgd"]
-    acc0, acc_ft, acc_lin = accuracy(f0_te, y_test), accuracy(f_ft, y_test), accuracy(f_lin, y_test)
+    acc0, acc_ft, acc_lin = (
+        accuracy(f0_te, y_test),
+        accuracy(f_ft, y_test),
+        accuracy(f_lin, y_test),
+    )
     return {
         "acc0": acc0,
         "acc_ft": acc_ft,
         "acc_lin": acc_lin,
-        "gain_recovered": (acc_lin - acc0) / (acc_ft - acc0) if acc_ft != acc0 else float("nan"),
+        "gain_recovered": (acc_lin - acc0) / (acc_ft - acc0)
+        if acc_ft != acc0
+        else float("nan"),
         "lin_error": float((f_ft - f_lin).norm() / (f_ft - f0_te).norm()),
         "kernel_change": kernel_distance(k0, k1),
         "f0": f0_te,
@@ -459,7 +532,9 @@ def kernel_behaviour(
 
 
 def run_kernel_experiment(
-    mlm: TinyTransformer, lang: SentimentLanguage, config: KernelExperimentConfig = KernelExperimentConfig()
+    mlm: TinyTransformer,
+    lang: SentimentLanguage,
+    config: KernelExperimentConfig = KernelExperimentConfig(),
 ) -> KernelExperiment:
     """Fine-tune the pretrained ``mlm`` few-shot and fit the kernel analogs, for every
     ``k`` in ``config.shots`` and seed in ``config.seeds``; see :class:`KernelExperiment`."""
@@ -471,7 +546,9 @@ def run_kernel_experiment(
     if not isinstance(lang, SentimentLanguage):
         raise TypeError(f"lang must be a SentimentLanguage, got {type(lang).__name__}")
     if not isinstance(config, KernelExperimentConfig):
-        raise TypeError(f"config must be a KernelExperimentConfig, got {type(config).__name__}")
+        raise TypeError(
+            f"config must be a KernelExperimentConfig, got {type(config).__name__}"
+        )
     result = KernelExperiment(config)
     test = test_set(lang, config.n_test)
     prompt0 = PromptClassifier(mlm, lang)
@@ -481,10 +558,18 @@ def run_kernel_experiment(
     def record(setting, method, k, value):
         result.accuracy.setdefault((setting, method, k), []).append(value)
 
-    def measure_dynamics(setting, opt_name, k, model0, tuned, x_tr, x_te, j_te, j_tr0, f0_te):
-        stats = kernel_behaviour(model0, tuned, x_tr, x_te, test.y, j_te=j_te, j_tr0=j_tr0, f0_te=f0_te)
+    def measure_dynamics(
+        setting, opt_name, k, model0, tuned, x_tr, x_te, j_te, j_tr0, f0_te
+    ):
+        stats = kernel_behaviour(
+            model0, tuned, x_tr, x_te, test.y, j_te=j_te, j_tr0=j_tr0, f0_te=f0_te
+        )
         result.dynamics.setdefault((setting, opt_name, k), []).append(
-            {key: value for key, value in stats.items() if key not in ("f0", "f_ft", "f_lin")}
+            {
+                key: value
+                for key, value in stats.items()
+                if key not in ("f0", "f_ft", "f_lin")
+            }
         )
         return stats["acc_ft"]
 
@@ -498,36 +583,85 @@ def run_kernel_experiment(
         f0_tr = outputs(prompt0, train.x_prompt)
         record("prompt", "zero-shot", k, accuracy(f0_te_prompt, test.y))
         accs = _kernel_accuracies(
-            j_tr, j_te_prompt, f0_tr, f0_te_prompt, train.y, test.y, config.kernel_reg,
+            j_tr,
+            j_te_prompt,
+            f0_tr,
+            f0_te_prompt,
+            train.y,
+            test.y,
+            config.kernel_reg,
             ("sgd", "asymmetric_signgd", "signgd"),
         )
         record("prompt", "K-SGD", k, accs["sgd"])
         record("prompt", "K-A-SignGD", k, accs["asymmetric_signgd"])
         record("prompt", "K-SignGD", k, accs["signgd"])
-        sgd = FineTuneConfig("sgd", config.sgd_lr_scale / float(j_tr.pow(2).sum(1).mean()), config.steps, config.batch_size)
+        sgd = FineTuneConfig(
+            "sgd",
+            config.sgd_lr_scale / float(j_tr.pow(2).sum(1).mean()),
+            config.steps,
+            config.batch_size,
+        )
         adam = FineTuneConfig("adam", config.adam_lr, config.steps, config.batch_size)
         for opt_name, ft_config in (("SGD", sgd), ("Adam", adam)):
             tuned = fine_tune(prompt0, train.x_prompt, train.y, ft_config, seed=seed)
-            acc = measure_dynamics("prompt", opt_name, k, prompt0, tuned, train.x_prompt, test.x_prompt, j_te_prompt, j_tr, f0_te_prompt)
+            acc = measure_dynamics(
+                "prompt",
+                opt_name,
+                k,
+                prompt0,
+                tuned,
+                train.x_prompt,
+                test.x_prompt,
+                j_te_prompt,
+                j_tr,
+                f0_te_prompt,
+            )
             record("prompt", f"{opt_name}-FT", k, acc)
         lora = apply_lora(prompt0, config.lora_rank, seed=seed)
         lora_scale = float(jacobian(lora, train.x_prompt).pow(2).sum(1).mean())
-        lora_sgd = FineTuneConfig("sgd", config.sgd_lr_scale / lora_scale, config.steps, config.batch_size)
+        lora_sgd = FineTuneConfig(
+            "sgd", config.sgd_lr_scale / lora_scale, config.steps, config.batch_size
+        )
         tuned = fine_tune(lora, train.x_prompt, train.y, lora_sgd, seed=seed)
-        record("prompt", "LoRA-SGD-FT", k, accuracy(outputs(tuned, test.x_prompt), test.y))
+        record(
+            "prompt", "LoRA-SGD-FT", k, accuracy(outputs(tuned, test.x_prompt), test.y)
+        )
         # standard: a new random head on [CLS]
         std0 = CLSClassifier(mlm, seed=seed)
-        if seed not in standard_test:  # the head (hence the Jacobian) depends on the seed only
-            standard_test[seed] = (jacobian(std0, test.x_plain), outputs(std0, test.x_plain))
+        if (
+            seed not in standard_test
+        ):  # the head (hence the Jacobian) depends on the seed only
+            standard_test[seed] = (
+                jacobian(std0, test.x_plain),
+                outputs(std0, test.x_plain),
+            )
         j_te, f0_te = standard_test[seed]
         j_tr = jacobian(std0, train.x_plain)
         f0_tr = outputs(std0, train.x_plain)
         record("standard", "zero-shot", k, accuracy(f0_te, test.y))
-        accs = _kernel_accuracies(j_tr, j_te, f0_tr, f0_te, train.y, test.y, config.kernel_reg, ("sgd",))
+        accs = _kernel_accuracies(
+            j_tr, j_te, f0_tr, f0_te, train.y, test.y, config.kernel_reg, ("sgd",)
+        )
         record("standard", "K-SGD", k, accs["sgd"])
-        sgd = FineTuneConfig("sgd", config.sgd_lr_scale / float(j_tr.pow(2).sum(1).mean()), config.steps, config.batch_size)
+        sgd = FineTuneConfig(
+            "sgd",
+            config.sgd_lr_scale / float(j_tr.pow(2).sum(1).mean()),
+            config.steps,
+            config.batch_size,
+        )
         tuned = fine_tune(std0, train.x_plain, train.y, sgd, seed=seed)
-        acc = measure_dynamics("standard", "SGD", k, std0, tuned, train.x_plain, test.x_plain, j_te, j_tr, f0_te)
+        acc = measure_dynamics(
+            "standard",
+            "SGD",
+            k,
+            std0,
+            tuned,
+            train.x_plain,
+            test.x_plain,
+            j_te,
+            j_tr,
+            f0_te,
+        )
         record("standard", "SGD-FT", k, acc)
     return result
 
@@ -557,7 +691,11 @@ def _shift_params(model: nn.Module, vector: torch.Tensor) -> None:
 
 
 def signgd_step_check(
-    model: nn.Module, x_step: torch.Tensor, y_step: float, x_eval: torch.Tensor, lrs: tuple[float, ...]
+    model: nn.Module,
+    x_step: torch.Tensor,
+    y_step: float,
+    x_eval: torch.Tensor,
+    lrs: tuple[float, ...],
 ) -> SignGDStepCheck:
     """Take one SignGD step on the single example ``(x_step, y_step)`` and compare the change
     of :math:`f` on ``x_eval`` with Theorem 4.3,
@@ -608,7 +746,9 @@ class LoRAKernelErrors:
     examples: dict  # rank -> K_LoRA for the first seed
 
 
-def lora_kernel_errors(model: nn.Module, x: torch.Tensor, ranks: tuple[int, ...], seeds: tuple[int, ...]) -> LoRAKernelErrors:
+def lora_kernel_errors(
+    model: nn.Module, x: torch.Tensor, ranks: tuple[int, ...], seeds: tuple[int, ...]
+) -> LoRAKernelErrors:
     """Relative Frobenius error of the LoRA kernel (Theorem 7.2) for each rank and seed.
 
     :math:`K` is the SGD kernel of the weight matrices LoRA adapts (those of
@@ -624,14 +764,21 @@ def lora_kernel_errors(model: nn.Module, x: torch.Tensor, ranks: tuple[int, ...]
         raise ValueError("ranks and seeds must be non-empty")
     targets = lora_targets(model)
     grads = weight_gradients(model, x, targets)
-    k_full = sum(g.reshape(g.shape[0], -1) @ g.reshape(g.shape[0], -1).T for g in grads.values())
+    k_full = sum(
+        g.reshape(g.shape[0], -1) @ g.reshape(g.shape[0], -1).T for g in grads.values()
+    )
     errors, examples = {}, {}
     for r in ranks:
         for seed in seeds:
             gen = make_generator(1000 * seed + r)
-            proj = {name: torch.randn(r, g.shape[2], generator=gen) / r**0.5 for name, g in grads.items()}
+            proj = {
+                name: torch.randn(r, g.shape[2], generator=gen) / r**0.5
+                for name, g in grads.items()
+            }
             k_lora = lora_projected_kernel(grads, grads, proj)
-            errors.setdefault(r, []).append(float((k_lora - k_full).norm() / k_full.norm()))
+            errors.setdefault(r, []).append(
+                float((k_lora - k_full).norm() / k_full.norm())
+            )
             examples.setdefault(r, k_lora)
     return LoRAKernelErrors(k_full, errors, examples)
 
@@ -653,26 +800,52 @@ def learning_rate_sweep(
     from .theory.kernels import jacobian
 
     k = check_int("k", k, minimum=1)
-    lr_scales = [check_float("lr_scales", c, minimum=0.0, strict_min=True) for c in lr_scales]
+    lr_scales = [
+        check_float("lr_scales", c, minimum=0.0, strict_min=True) for c in lr_scales
+    ]
     train, test = few_shot_task(lang, k, seed), test_set(lang, n_test)
     out = {}
     for setting in ("prompt", "standard"):
         if setting == "prompt":
-            model0, x_tr, x_te = PromptClassifier(mlm, lang), train.x_prompt, test.x_prompt
+            model0, x_tr, x_te = (
+                PromptClassifier(mlm, lang),
+                train.x_prompt,
+                test.x_prompt,
+            )
         else:
-            model0, x_tr, x_te = CLSClassifier(mlm, seed=seed), train.x_plain, test.x_plain
-        j_tr0, j_te, f0_te = jacobian(model0, x_tr), jacobian(model0, x_te), outputs(model0, x_te)
+            model0, x_tr, x_te = (
+                CLSClassifier(mlm, seed=seed),
+                train.x_plain,
+                test.x_plain,
+            )
+        j_tr0, j_te, f0_te = (
+            jacobian(model0, x_tr),
+            jacobian(model0, x_te),
+            outputs(model0, x_te),
+        )
         mean_diag = float(j_tr0.pow(2).sum(1).mean())
         out[setting] = {}
         for c in lr_scales:
-            tuned = fine_tune(model0, x_tr, train.y, FineTuneConfig("sgd", c / mean_diag, steps, batch_size), seed=seed)
-            out[setting][c] = kernel_behaviour(model0, tuned, x_tr, x_te, test.y, j_te=j_te, j_tr0=j_tr0, f0_te=f0_te)
+            tuned = fine_tune(
+                model0,
+                x_tr,
+                train.y,
+                FineTuneConfig("sgd", c / mean_diag, steps, batch_size),
+                seed=seed,
+            )
+            out[setting][c] = kernel_behaviour(
+                model0, tuned, x_tr, x_te, test.y, j_te=j_te, j_tr0=j_tr0, f0_te=f0_te
+            )
     return out
 
 
 # -- Definition 5.3: does the output derivative shrink with width? -----------------------------------
 def output_derivative_by_width(
-    base: PretrainConfig, widths: tuple[int, ...], seeds: tuple[int, ...], *, n_test: int = 400
+    base: PretrainConfig,
+    widths: tuple[int, ...],
+    seeds: tuple[int, ...],
+    *,
+    n_test: int = 400,
 ) -> dict:
     """Mean :math:`|\\chi|` at the start of fine-tuning, on a test set of the downstream task,
     for models pretrained with ``base`` at each width ``d_model`` and seed (the cheap test of
@@ -688,13 +861,21 @@ def output_derivative_by_width(
     out = {}
     for width in widths:
         for seed in seeds:
-            config = dataclasses.replace(base, d_model=check_int("widths", width, minimum=1), seed=check_int("seeds", seed, minimum=0))
+            config = dataclasses.replace(
+                base,
+                d_model=check_int("widths", width, minimum=1),
+                seed=check_int("seeds", seed, minimum=0),
+            )
             mlm, _ = pretrain_masked_lm(config)
             f = outputs(PromptClassifier(mlm, lang), test.x_prompt)
-            out.setdefault(("prompt", width), []).append(float(output_derivative(f, test.y).abs().mean()))
+            out.setdefault(("prompt", width), []).append(
+                float(output_derivative(f, test.y).abs().mean())
+            )
             out.setdefault(("accuracy", width), []).append(accuracy(f, test.y))
             f = outputs(CLSClassifier(mlm, seed=seed), test.x_plain)
-            out.setdefault(("standard", width), []).append(float(output_derivative(f, test.y).abs().mean()))
+            out.setdefault(("standard", width), []).append(
+                float(output_derivative(f, test.y).abs().mean())
+            )
     return out
 
 
@@ -718,5 +899,12 @@ def entk_accuracy(
     reg_rel = check_float("reg_rel", reg_rel, minimum=0.0, strict_min=True)
     j_tr, j_te = jacobian(model, x_train), jacobian(model, x_test)
     return _kernel_accuracies(
-        j_tr, j_te, outputs(model, x_train), outputs(model, x_test), y_train, y_test, reg_rel, ("sgd",)
+        j_tr,
+        j_te,
+        outputs(model, x_train),
+        outputs(model, x_test),
+        y_train,
+        y_test,
+        reg_rel,
+        ("sgd",),
     )["sgd"]

@@ -33,31 +33,47 @@ class LoRALinear(nn.Module):
     def __init__(self, base: nn.Linear, rank: int, generator: torch.Generator):
         super().__init__()
         if not isinstance(base, nn.Linear):
-            raise TypeError(f"base must be a torch.nn.Linear, got {type(base).__name__}")
+            raise TypeError(
+                f"base must be a torch.nn.Linear, got {type(base).__name__}"
+            )
         rank = check_int("rank", rank, minimum=1)
         if not isinstance(generator, torch.Generator):
-            raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+            raise TypeError(
+                f"generator must be a torch.Generator, got {type(generator).__name__}"
+            )
         self.base = base
         for p in self.base.parameters():
             p.requires_grad_(False)
         self.rank = rank
-        self.lora_A = nn.Parameter(torch.randn(rank, base.in_features, generator=generator) / rank**0.5)
+        self.lora_A = nn.Parameter(
+            torch.randn(rank, base.in_features, generator=generator) / rank**0.5
+        )
         self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.base(x) + (x @ self.lora_A.T) @ self.lora_B.T
 
 
-def lora_targets(model: nn.Module, include: Callable[[str, nn.Linear], bool] | None = None) -> list[str]:
+def lora_targets(
+    model: nn.Module, include: Callable[[str, nn.Linear], bool] | None = None
+) -> list[str]:
     """Names of the ``nn.Linear`` modules LoRA adapts (default: every one inside ``blocks``,
     i.e. the attention and MLP weights of a transformer, not its embeddings or decoder)."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    include = include or (lambda name, mod: "blocks." in name or name.startswith("blocks"))
-    return [name for name, mod in model.named_modules() if isinstance(mod, nn.Linear) and include(name, mod)]
+    include = include or (
+        lambda name, mod: "blocks." in name or name.startswith("blocks")
+    )
+    return [
+        name
+        for name, mod in model.named_modules()
+        if isinstance(mod, nn.Linear) and include(name, mod)
+    ]
 
 
-def apply_lora(model: nn.Module, rank: int, *, seed: int, targets: list[str] | None = None) -> nn.Module:
+def apply_lora(
+    model: nn.Module, rank: int, *, seed: int, targets: list[str] | None = None
+) -> nn.Module:
     """A copy of ``model`` in which only LoRA factors train.
 
     Every module named in ``targets`` (default :func:`lora_targets`) becomes a
@@ -86,7 +102,11 @@ def apply_lora(model: nn.Module, rank: int, *, seed: int, targets: list[str] | N
 
 
 def weight_gradients(
-    model: nn.Module, x: torch.Tensor, targets: list[str] | None = None, *, chunk_size: int = 64
+    model: nn.Module,
+    x: torch.Tensor,
+    targets: list[str] | None = None,
+    *,
+    chunk_size: int = 64,
 ) -> dict[str, torch.Tensor]:
     """Per-example gradients :math:`\\nabla_W f(x)` of the weight matrices in ``targets``.
 

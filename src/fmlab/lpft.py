@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._validate import check_float, check_int, check_tensor, check_same_length
+from ._validate import check_float, check_int, check_same_length, check_tensor
 from .data.shift import StyleShiftConfig, StyleShiftWorld
 from .models.mlp import MLP
 from .repro import make_generator, seed_everything
@@ -87,7 +87,9 @@ def softmax_regression(
     if n == 0:
         raise ValueError("features must have at least one row")
     if int(labels.min()) < 0 or int(labels.max()) >= C:
-        raise ValueError(f"labels must lie in [0, {C - 1}], got range [{int(labels.min())}, {int(labels.max())}]")
+        raise ValueError(
+            f"labels must lie in [0, {C - 1}], got range [{int(labels.min())}, {int(labels.max())}]"
+        )
     k = features.shape[1]
     Ft = torch.cat([features.double(), torch.ones(n, 1, dtype=torch.float64)], dim=1)
     Y = F.one_hot(labels, C).double()
@@ -108,14 +110,21 @@ def softmax_regression(
             H[sl, sl] += blocks[a]
         H += torch.diag(reg.flatten())
         # the bias shift (same constant to every class) leaves the loss unchanged: a tiny ridge fixes the null direction
-        H += 1e-10 * max(1.0, float(H.diagonal().max())) * torch.eye(size, dtype=torch.float64)
+        H += (
+            1e-10
+            * max(1.0, float(H.diagonal().max()))
+            * torch.eye(size, dtype=torch.float64)
+        )
         step = torch.linalg.solve(H, grad.flatten()).reshape(C, k + 1)
         f0 = float(_softmax_objective(theta, Ft, labels, l2, k))
         slope = float((grad * step).sum())
         t = 1.0
         while t > 1e-12:
             cand = theta - t * step
-            if float(_softmax_objective(cand, Ft, labels, l2, k)) <= f0 - 1e-4 * t * slope:
+            if (
+                float(_softmax_objective(cand, Ft, labels, l2, k))
+                <= f0 - 1e-4 * t * slope
+            ):
                 break
             t *= 0.5
         theta = cand
@@ -139,7 +148,9 @@ def random_head(rep_dim: int, n_classes: int, generator: torch.Generator) -> nn.
     k = check_int("rep_dim", rep_dim, minimum=1)
     C = check_int("n_classes", n_classes, minimum=2)
     if not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+        raise TypeError(
+            f"generator must be a torch.Generator, got {type(generator).__name__}"
+        )
     bound = k**-0.5
     W = (torch.rand(C, k, generator=generator) * 2 - 1) * bound
     b = (torch.rand(C, generator=generator) * 2 - 1) * bound
@@ -148,7 +159,9 @@ def random_head(rep_dim: int, n_classes: int, generator: torch.Generator) -> nn.
 
 # -- measurements ---------------------------------------------------------------------
 @torch.no_grad()
-def accuracy(encoder: nn.Module, head: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+def accuracy(
+    encoder: nn.Module, head: nn.Module, x: torch.Tensor, y: torch.Tensor
+) -> float:
     """Fraction of ``x`` whose predicted class ``argmax head(encoder(x))`` equals ``y``."""
     x = check_tensor("x", x, ndim=2, floating=True)
     y = check_tensor("y", y, ndim=1, integer=True)
@@ -180,7 +193,11 @@ def layer_feature_change(before: MLP, after: MLP, x: torch.Tensor) -> torch.Tens
     for m0, m1 in zip(before.net, after.net):
         a, b = m0(a), m1(b)
         if isinstance(m0, nn.ReLU):
-            out.append(float((b - a).norm(dim=1).mean() / a.norm(dim=1).mean().clamp_min(1e-12)))
+            out.append(
+                float(
+                    (b - a).norm(dim=1).mean() / a.norm(dim=1).mean().clamp_min(1e-12)
+                )
+            )
     return torch.tensor(out, dtype=torch.float64)
 
 
@@ -220,7 +237,9 @@ def fine_tune_classifier(
     steps, together with the training loss.
     """
     if not isinstance(encoder, nn.Module):
-        raise TypeError(f"encoder must be a torch.nn.Module, got {type(encoder).__name__}")
+        raise TypeError(
+            f"encoder must be a torch.nn.Module, got {type(encoder).__name__}"
+        )
     if not isinstance(head, nn.Linear):
         raise TypeError(f"head must be a torch.nn.Linear, got {type(head).__name__}")
     x = check_tensor("x", x, ndim=2, floating=True)
@@ -237,7 +256,9 @@ def fine_tune_classifier(
     enc.train()
     with torch.no_grad():
         base = {name: encoder(xs) for name, xs in track.items()}
-    opt = torch.optim.SGD(list(enc.parameters()) + list(hd.parameters()), lr=lr, momentum=momentum)
+    opt = torch.optim.SGD(
+        list(enc.parameters()) + list(hd.parameters()), lr=lr, momentum=momentum
+    )
     losses = torch.empty(steps + 1)
     rec_steps, rec = [], {"train_loss": [], **{name: [] for name in track}}
     for step in range(steps + 1):
@@ -255,8 +276,14 @@ def fine_tune_classifier(
         loss.backward()
         opt.step()
     enc.eval()
-    trace = {k: torch.tensor(v, dtype=torch.float64) for k, v in rec.items()} if track else {}
-    return FineTuneResult(enc, hd, losses, torch.tensor(rec_steps, dtype=torch.long), trace)
+    trace = (
+        {k: torch.tensor(v, dtype=torch.float64) for k, v in rec.items()}
+        if track
+        else {}
+    )
+    return FineTuneResult(
+        enc, hd, losses, torch.tensor(rec_steps, dtype=torch.long), trace
+    )
 
 
 # -- the experiment -------------------------------------------------------------------
@@ -290,9 +317,22 @@ class LPFTConfig:
 
     def __post_init__(self):
         if not isinstance(self.world, StyleShiftConfig):
-            raise TypeError(f"world must be a StyleShiftConfig, got {type(self.world).__name__}")
-        for name in ("width", "depth", "rep_dim", "pretrain_steps", "pretrain_batch", "n_train", "n_val",
-                     "n_test", "ft_steps", "n_track", "track_every"):
+            raise TypeError(
+                f"world must be a StyleShiftConfig, got {type(self.world).__name__}"
+            )
+        for name in (
+            "width",
+            "depth",
+            "rep_dim",
+            "pretrain_steps",
+            "pretrain_batch",
+            "n_train",
+            "n_val",
+            "n_test",
+            "ft_steps",
+            "n_track",
+            "track_every",
+        ):
             check_int(name, getattr(self, name), minimum=1)
         check_float("pretrain_lr", self.pretrain_lr, minimum=0.0, strict_min=True)
         check_float("momentum", self.momentum, minimum=0.0, maximum=1.0)
@@ -306,7 +346,9 @@ class LPFTConfig:
         for s in self.seeds:
             check_int("seeds", s, minimum=0)
         if self.n_track > self.n_test:
-            raise ValueError(f"n_track must be <= n_test, got {self.n_track} > {self.n_test}")
+            raise ValueError(
+                f"n_track must be <= n_test, got {self.n_track} > {self.n_test}"
+            )
 
 
 def build_encoder(cfg: LPFTConfig) -> MLP:
@@ -315,7 +357,10 @@ def build_encoder(cfg: LPFTConfig) -> MLP:
     Without ``first_layer_bias`` the first layer is linear, as in the theory: its response
     to an input direction that no training input has is then frozen by fine-tuning.
     """
-    enc = MLP([cfg.world.dim_input] + [cfg.width] * cfg.depth + [cfg.rep_dim], final_activation=True)
+    enc = MLP(
+        [cfg.world.dim_input] + [cfg.width] * cfg.depth + [cfg.rep_dim],
+        final_activation=True,
+    )
     if not cfg.first_layer_bias:
         enc.net[0] = nn.Linear(cfg.world.dim_input, cfg.width, bias=False)
     return enc
@@ -344,7 +389,16 @@ def pretrain_encoder(cfg: LPFTConfig, seed: int) -> tuple[MLP, torch.Tensor]:
         raise TypeError(f"cfg must be a LPFTConfig, got {type(cfg).__name__}")
     seed = check_int("seed", seed, minimum=0)
     wcfg = dataclasses.replace(cfg.world, seed=seed)
-    key = _PretrainKey(wcfg, cfg.width, cfg.depth, cfg.rep_dim, cfg.first_layer_bias, cfg.pretrain_steps, cfg.pretrain_batch, cfg.pretrain_lr)
+    key = _PretrainKey(
+        wcfg,
+        cfg.width,
+        cfg.depth,
+        cfg.rep_dim,
+        cfg.first_layer_bias,
+        cfg.pretrain_steps,
+        cfg.pretrain_batch,
+        cfg.pretrain_lr,
+    )
 
     def build():
         seed_everything(seed)
@@ -359,8 +413,14 @@ def pretrain_encoder(cfg: LPFTConfig, seed: int) -> tuple[MLP, torch.Tensor]:
         def loss_fn(m, b):
             return F.cross_entropy(m(b[0]), b[1])
 
-        res = train(model, loss_fn, batch, steps=cfg.pretrain_steps, lr=cfg.pretrain_lr,
-                    desc=f"pretraining (world {seed})")
+        res = train(
+            model,
+            loss_fn,
+            batch,
+            steps=cfg.pretrain_steps,
+            lr=cfg.pretrain_lr,
+            desc=f"pretraining (world {seed})",
+        )
         state = {k[2:]: v for k, v in model.state_dict().items() if k.startswith("0.")}
         return {"encoder": state, "losses": res.losses}
 
@@ -409,14 +469,22 @@ def run_lpft_experiment(cfg: LPFTConfig) -> dict:
 
     def build():
         S = len(cfg.seeds)
-        acc = {m: torch.zeros(S, 2, dtype=torch.float64) for m in ("scratch", "lp", "ft", "lpft")}
+        acc = {
+            m: torch.zeros(S, 2, dtype=torch.float64)
+            for m in ("scratch", "lp", "ft", "lpft")
+        }
         chosen = {m: torch.zeros(S, dtype=torch.float64) for m in acc}
-        sweep = {"scratch": torch.zeros(S, len(cfg.scratch_lrs), 3, dtype=torch.float64),
-                 "lp": torch.zeros(S, len(cfg.l2s), 3, dtype=torch.float64),
-                 "ft": torch.zeros(S, len(cfg.lrs), 3, dtype=torch.float64),
-                 "lpft": torch.zeros(S, len(cfg.lrs), 3, dtype=torch.float64)}
+        sweep = {
+            "scratch": torch.zeros(S, len(cfg.scratch_lrs), 3, dtype=torch.float64),
+            "lp": torch.zeros(S, len(cfg.l2s), 3, dtype=torch.float64),
+            "ft": torch.zeros(S, len(cfg.lrs), 3, dtype=torch.float64),
+            "lpft": torch.zeros(S, len(cfg.lrs), 3, dtype=torch.float64),
+        }
         change = {m: torch.zeros(S, 2, dtype=torch.float64) for m in ("ft", "lpft")}
-        layer_change = {m: torch.zeros(S, 2, cfg.depth + 1, dtype=torch.float64) for m in ("ft", "lpft")}
+        layer_change = {
+            m: torch.zeros(S, 2, cfg.depth + 1, dtype=torch.float64)
+            for m in ("ft", "lpft")
+        }
         traces, trace_steps = {"ft": [], "lpft": []}, None
         pre_loss = torch.zeros(S, dtype=torch.float64)
         for si, seed in enumerate(progress(cfg.seeds, total=S, desc="worlds")):
@@ -424,15 +492,23 @@ def run_lpft_experiment(cfg: LPFTConfig) -> dict:
             encoder, losses = pretrain_encoder(cfg, seed)
             pre_loss[si] = losses[-50:].mean()
             g = make_generator(10_000 + seed)
-            train_s, val_s = world.in_distribution(cfg.n_train, g), world.in_distribution(cfg.n_val, g)
-            id_s, ood_s = world.in_distribution(cfg.n_test, g), world.out_of_distribution(cfg.n_test, g)
+            train_s, val_s = (
+                world.in_distribution(cfg.n_train, g),
+                world.in_distribution(cfg.n_val, g),
+            )
+            id_s, ood_s = (
+                world.in_distribution(cfg.n_test, g),
+                world.out_of_distribution(cfg.n_test, g),
+            )
             track = {"id": id_s.x[: cfg.n_track], "ood": ood_s.x[: cfg.n_track]}
             C = cfg.world.n_classes
 
             def evaluate(enc, head):
-                return {"val": accuracy(enc, head, val_s.x, val_s.labels),
-                        "id": accuracy(enc, head, id_s.x, id_s.labels),
-                        "ood": accuracy(enc, head, ood_s.x, ood_s.labels)}
+                return {
+                    "val": accuracy(enc, head, val_s.x, val_s.labels),
+                    "id": accuracy(enc, head, id_s.x, id_s.labels),
+                    "ood": accuracy(enc, head, ood_s.x, ood_s.labels),
+                }
 
             # LP: exact regularised logistic regression on frozen features
             with torch.no_grad():
@@ -449,18 +525,43 @@ def run_lpft_experiment(cfg: LPFTConfig) -> dict:
             for method in ("ft", "lpft"):
                 cands = []
                 for lr in cfg.lrs:
-                    head0 = random_head(cfg.rep_dim, C, make_generator(20_000 + seed)) if method == "ft" else lp_head
-                    res = fine_tune_classifier(encoder, head0, train_s.x, train_s.labels, lr=lr, steps=cfg.ft_steps,
-                                    momentum=cfg.momentum, track=track, track_every=cfg.track_every)
+                    head0 = (
+                        random_head(cfg.rep_dim, C, make_generator(20_000 + seed))
+                        if method == "ft"
+                        else lp_head
+                    )
+                    res = fine_tune_classifier(
+                        encoder,
+                        head0,
+                        train_s.x,
+                        train_s.labels,
+                        lr=lr,
+                        steps=cfg.ft_steps,
+                        momentum=cfg.momentum,
+                        track=track,
+                        track_every=cfg.track_every,
+                    )
                     cands.append({**evaluate(res.encoder, res.head), "res": res})
                 best = _select(cands)
                 _record(acc, chosen, sweep, method, si, cands, best, cfg.lrs)
                 res = cands[best]["res"]
-                change[method][si] = torch.tensor([feature_change(encoder, res.encoder, id_s.x),
-                                                   feature_change(encoder, res.encoder, ood_s.x)])
-                layer_change[method][si, 0] = layer_feature_change(encoder, res.encoder, id_s.x)
-                layer_change[method][si, 1] = layer_feature_change(encoder, res.encoder, ood_s.x)
-                traces[method].append(torch.stack([res.trace["train_loss"], res.trace["id"], res.trace["ood"]], 1))
+                change[method][si] = torch.tensor(
+                    [
+                        feature_change(encoder, res.encoder, id_s.x),
+                        feature_change(encoder, res.encoder, ood_s.x),
+                    ]
+                )
+                layer_change[method][si, 0] = layer_feature_change(
+                    encoder, res.encoder, id_s.x
+                )
+                layer_change[method][si, 1] = layer_feature_change(
+                    encoder, res.encoder, ood_s.x
+                )
+                traces[method].append(
+                    torch.stack(
+                        [res.trace["train_loss"], res.trace["id"], res.trace["ood"]], 1
+                    )
+                )
                 trace_steps = res.trace_steps
 
             # scratch: the same architecture from a random initialisation
@@ -469,18 +570,46 @@ def run_lpft_experiment(cfg: LPFTConfig) -> dict:
                 seed_everything(30_000 + seed)
                 fresh = build_encoder(cfg)
                 head0 = random_head(cfg.rep_dim, C, make_generator(20_000 + seed))
-                res = fine_tune_classifier(fresh, head0, train_s.x, train_s.labels, lr=lr, steps=cfg.ft_steps, momentum=cfg.momentum)
+                res = fine_tune_classifier(
+                    fresh,
+                    head0,
+                    train_s.x,
+                    train_s.labels,
+                    lr=lr,
+                    steps=cfg.ft_steps,
+                    momentum=cfg.momentum,
+                )
                 cands.append(evaluate(res.encoder, res.head))
-            _record(acc, chosen, sweep, "scratch", si, cands, _select(cands), cfg.scratch_lrs)
-        return {"acc": acc, "chosen": chosen, "sweep": sweep, "change": change, "layer_change": layer_change,
-                "trace": {m: torch.stack(v) for m, v in traces.items()}, "trace_steps": trace_steps,
-                "pretrain_loss": pre_loss}
+            _record(
+                acc,
+                chosen,
+                sweep,
+                "scratch",
+                si,
+                cands,
+                _select(cands),
+                cfg.scratch_lrs,
+            )
+        return {
+            "acc": acc,
+            "chosen": chosen,
+            "sweep": sweep,
+            "change": change,
+            "layer_change": layer_change,
+            "trace": {m: torch.stack(v) for m, v in traces.items()},
+            "trace_steps": trace_steps,
+            "pretrain_loss": pre_loss,
+        }
 
     return cached(cfg, build, name="ch03_lpft")
 
 
 def _record(acc, chosen, sweep, method, si, cands, best, grid):
     for j, c in enumerate(cands):
-        sweep[method][si, j] = torch.tensor([c["val"], c["id"], c["ood"]], dtype=torch.float64)
-    acc[method][si] = torch.tensor([cands[best]["id"], cands[best]["ood"]], dtype=torch.float64)
+        sweep[method][si, j] = torch.tensor(
+            [c["val"], c["id"], c["ood"]], dtype=torch.float64
+        )
+    acc[method][si] = torch.tensor(
+        [cands[best]["id"], cands[best]["ood"]], dtype=torch.float64
+    )
     chosen[method][si] = float(grid[best])

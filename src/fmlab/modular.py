@@ -64,7 +64,9 @@ class PretrainConfig:
 
 def _build_model(cfg: PretrainConfig) -> MaskedViewPredictor:
     w = cfg.world
-    return MaskedViewPredictor(w.dim_a, w.dim_b, width=cfg.width, rep_dim=cfg.rep_dim, depth=cfg.depth)
+    return MaskedViewPredictor(
+        w.dim_a, w.dim_b, width=cfg.width, rep_dim=cfg.rep_dim, depth=cfg.depth
+    )
 
 
 def pretrain_masked_view(cfg: PretrainConfig) -> dict:
@@ -91,9 +93,19 @@ def pretrain_masked_view(cfg: PretrainConfig) -> dict:
             xa, xb = b
             return (m(xa) - xb).pow(2).mean()
 
-        res = train(model, loss_fn, batch, steps=cfg.steps, lr=cfg.lr, checkpoints=cfg.checkpoints,
-                    desc=f"pretraining (seed {cfg.seed})")
-        return {"losses": res.losses, "checkpoints": {int(k): v for k, v in res.checkpoints.items()}}
+        res = train(
+            model,
+            loss_fn,
+            batch,
+            steps=cfg.steps,
+            lr=cfg.lr,
+            checkpoints=cfg.checkpoints,
+            desc=f"pretraining (seed {cfg.seed})",
+        )
+        return {
+            "losses": res.losses,
+            "checkpoints": {int(k): v for k, v in res.checkpoints.items()},
+        }
 
     return cached(cfg, build, name="ch01_masked_view")
 
@@ -114,7 +126,9 @@ def probe_features(model: MaskedViewPredictor, xa: torch.Tensor) -> torch.Tensor
 
 
 @torch.no_grad()
-def pretraining_loss(model: MaskedViewPredictor, world: TwoViewLatentModel, n: int, seed: int) -> float:
+def pretraining_loss(
+    model: MaskedViewPredictor, world: TwoViewLatentModel, n: int, seed: int
+) -> float:
     """The pretraining loss on ``n`` fresh draws (the population loss :math:`L_{\\text{pre}}` for large n)."""
     n = check_int("n", n, minimum=1)
     _, xa, xb = world.sample(n, make_generator(seed))
@@ -122,8 +136,13 @@ def pretraining_loss(model: MaskedViewPredictor, world: TwoViewLatentModel, n: i
 
 
 @torch.no_grad()
-def task_moments(model: MaskedViewPredictor, world: TwoViewLatentModel, signs: torch.Tensor,
-                 n: int, seed: int) -> Moments:
+def task_moments(
+    model: MaskedViewPredictor,
+    world: TwoViewLatentModel,
+    signs: torch.Tensor,
+    n: int,
+    seed: int,
+) -> Moments:
     """Second moments of (features, label) over ``n`` fresh task draws."""
     c, xa, _ = world.sample(check_int("n", n, minimum=1), make_generator(seed))
     return second_moments(probe_features(model, xa), signs[c].float())
@@ -138,24 +157,44 @@ class TaskSample:
     seed: int
 
 
-def draw_task_sample(world: TwoViewLatentModel, signs: torch.Tensor, n: int, seed: int) -> TaskSample:
+def draw_task_sample(
+    world: TwoViewLatentModel, signs: torch.Tensor, n: int, seed: int
+) -> TaskSample:
     """``n`` labelled examples of the task :math:`y = s_c` (the empirical :math:`\\hat p_{\\text{task}}`)."""
     c, xa, _ = world.sample(check_int("n", n, minimum=1), make_generator(seed))
     return TaskSample(xa=xa, y=signs[c].float(), seed=seed)
 
 
 @torch.no_grad()
-def decompose_at(model: MaskedViewPredictor, sample: TaskSample, population: Moments, c0: float) -> Decomposition:
+def decompose_at(
+    model: MaskedViewPredictor, sample: TaskSample, population: Moments, c0: float
+) -> Decomposition:
     """Eq. (6) for a linear probe with :math:`\\|\\gamma\\| \\le c_0` trained on ``sample``."""
     empirical = second_moments(probe_features(model, sample.xa), sample.y)
     return decompose_adaptation_loss(empirical, population, c0)
 
 
-def fine_tune_population_loss(model: MaskedViewPredictor, sample: TaskSample, world: TwoViewLatentModel,
-                              signs: torch.Tensor, *, steps: int, lr: float, n_pop: int, seed: int) -> float:
+def fine_tune_population_loss(
+    model: MaskedViewPredictor,
+    sample: TaskSample,
+    world: TwoViewLatentModel,
+    signs: torch.Tensor,
+    *,
+    steps: int,
+    lr: float,
+    n_pop: int,
+    seed: int,
+) -> float:
     """Fine-tune encoder and a fresh head on ``sample``; return the population task loss."""
-    tuned, head = fine_tune(model, probe_features, sample.xa, sample.y, steps=steps, lr=lr,
-                            generator=make_generator(seed))
+    tuned, head = fine_tune(
+        model,
+        probe_features,
+        sample.xa,
+        sample.y,
+        steps=steps,
+        lr=lr,
+        generator=make_generator(seed),
+    )
     with torch.no_grad():
         pop = task_moments(tuned, world, signs, n_pop, seed=10_000 + seed)
     return quadratic_loss(head.double(), pop)
@@ -174,8 +213,15 @@ class DecompositionGrid:
 
 
 @torch.no_grad()
-def decomposition_grid(model: MaskedViewPredictor, world: TwoViewLatentModel, signs: torch.Tensor,
-                       population: Moments, ns, c0s, task_seeds) -> DecompositionGrid:
+def decomposition_grid(
+    model: MaskedViewPredictor,
+    world: TwoViewLatentModel,
+    signs: torch.Tensor,
+    population: Moments,
+    ns,
+    c0s,
+    task_seeds,
+) -> DecompositionGrid:
     """Eq. (6) for every task size ``n``, constraint ``c0`` and task-sample seed.
 
     For each ``(n, seed)`` one task sample is drawn and probed at every ``c0``, so the
@@ -189,7 +235,10 @@ def decomposition_grid(model: MaskedViewPredictor, world: TwoViewLatentModel, si
     if not (ns and c0s and task_seeds):
         raise ValueError("ns, c0s and task_seeds must each hold at least one value")
     shape = (len(ns), len(c0s), len(task_seeds))
-    out = {k: torch.empty(shape, dtype=torch.float64) for k in ("L", "Lstar", "ge", "slack")}
+    out = {
+        k: torch.empty(shape, dtype=torch.float64)
+        for k in ("L", "Lstar", "ge", "slack")
+    }
     for i, n in enumerate(ns):
         for k, seed in enumerate(task_seeds):
             sample = draw_task_sample(world, signs, n, seed)
@@ -204,8 +253,15 @@ def decomposition_grid(model: MaskedViewPredictor, world: TwoViewLatentModel, si
 
 
 @torch.no_grad()
-def interface_curve(cfg: PretrainConfig, world: TwoViewLatentModel, signs: torch.Tensor, c0: float,
-                    *, n_pop: int, seed: int) -> dict[str, torch.Tensor]:
+def interface_curve(
+    cfg: PretrainConfig,
+    world: TwoViewLatentModel,
+    signs: torch.Tensor,
+    c0: float,
+    *,
+    n_pop: int,
+    seed: int,
+) -> dict[str, torch.Tensor]:
     """Population pretraining loss and minimal adaptation loss at every checkpoint of ``cfg``.
 
     Returns tensors ``steps``, ``pretraining_loss`` and ``minimal_adaptation_loss``.

@@ -117,7 +117,9 @@ def slider_figure(
         if name not in values:
             raise ValueError(f"initial names unknown parameter {name!r}")
         if not (isinstance(idx, int) and 0 <= idx < len(values[name])):
-            raise ValueError(f"initial[{name!r}] must be an index in [0, {len(values[name]) - 1}]")
+            raise ValueError(
+                f"initial[{name!r}] must be an index in [0, {len(values[name]) - 1}]"
+            )
 
     images = {}
     for combo in itertools.product(*(range(len(values[n])) for n in names)):
@@ -146,7 +148,10 @@ def slider_figure(
     def build(level, prefix):
         name = names[level]
         if level == len(names) - 1:
-            kids = [w.Image(value=images[prefix + (i,)], format="png") for i in range(len(values[name]))]
+            kids = [
+                w.Image(value=images[prefix + (i,)], format="png")
+                for i in range(len(values[name]))
+            ]
         else:
             kids = [build(level + 1, prefix + (i,)) for i in range(len(values[name]))]
         return stack(kids, name)

@@ -50,7 +50,9 @@ __all__ = [
 
 def _check_generator(generator) -> torch.Generator:
     if not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+        raise TypeError(
+            f"generator must be a torch.Generator, got {type(generator).__name__}"
+        )
     return generator
 
 
@@ -78,12 +80,19 @@ class LatentClassConfig:
         check_float("cluster_std", self.cluster_std, minimum=0.0)
         check_int("seed", self.seed, minimum=0)
         if self.class_probs is not None:
-            if not isinstance(self.class_probs, tuple) or len(self.class_probs) != self.n_classes:
-                raise ValueError(f"class_probs must be a tuple of {self.n_classes} probabilities, got {self.class_probs!r}")
+            if (
+                not isinstance(self.class_probs, tuple)
+                or len(self.class_probs) != self.n_classes
+            ):
+                raise ValueError(
+                    f"class_probs must be a tuple of {self.n_classes} probabilities, got {self.class_probs!r}"
+                )
             for p in self.class_probs:
                 check_float("class_probs", p, minimum=0.0, strict_min=True)
             if abs(sum(self.class_probs) - 1.0) > 1e-9:
-                raise ValueError(f"class_probs must sum to 1, got {sum(self.class_probs)}")
+                raise ValueError(
+                    f"class_probs must sum to 1, got {sum(self.class_probs)}"
+                )
 
 
 class LatentClassModel:
@@ -99,7 +108,9 @@ class LatentClassModel:
 
     def __init__(self, config: LatentClassConfig = LatentClassConfig()):
         if not isinstance(config, LatentClassConfig):
-            raise TypeError(f"config must be a LatentClassConfig, got {type(config).__name__}")
+            raise TypeError(
+                f"config must be a LatentClassConfig, got {type(config).__name__}"
+            )
         self.config = c = config
         g = make_generator(c.seed)
         n_clusters = c.n_classes * c.clusters_per_class
@@ -112,13 +123,17 @@ class LatentClassModel:
         per = c.points_per_cluster
         noise = torch.randn(n_clusters, per, 2, generator=g, dtype=torch.float64)
         pts = centres[:, None, :] + c.cluster_std * noise
-        order = torch.argsort(cluster_class, stable=True)  # group the points class by class
+        order = torch.argsort(
+            cluster_class, stable=True
+        )  # group the points class by class
         self.points = pts[order].reshape(-1, 2)
         self.labels = cluster_class[order].repeat_interleave(per)
         m = c.clusters_per_class * per
         self.members = torch.arange(len(self.labels)).reshape(c.n_classes, m)
         if c.class_probs is None:
-            self.class_probs = torch.full((c.n_classes,), 1.0 / c.n_classes, dtype=torch.float64)
+            self.class_probs = torch.full(
+                (c.n_classes,), 1.0 / c.n_classes, dtype=torch.float64
+            )
         else:
             self.class_probs = torch.tensor(c.class_probs, dtype=torch.float64)
 
@@ -130,7 +145,9 @@ class LatentClassModel:
         """:math:`\\tau = \\Pr_{c, c^- \\sim \\rho}[c = c^-] = \\sum_c \\rho(c)^2`."""
         return float(self.class_probs.pow(2).sum())
 
-    def sample_triples(self, n: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    def sample_triples(
+        self, n: int, generator: torch.Generator
+    ) -> dict[str, torch.Tensor]:
         """Draw ``n`` triples :math:`(x, x^+, x^-)` and their classes.
 
         Returns a dict with float32 inputs ``x``, ``x_pos``, ``x_neg`` of shape ``(n, 2)``,
@@ -145,13 +162,23 @@ class LatentClassModel:
         i_pos = self.members[c, torch.randint(m, (n,), generator=g)]
         i_neg = self.members[c_neg, torch.randint(m, (n,), generator=g)]
         x = self.points.float()
-        return {"x": x[i], "x_pos": x[i_pos], "x_neg": x[i_neg], "c": c, "c_neg": c_neg,
-                "i": i, "i_pos": i_pos, "i_neg": i_neg}
+        return {
+            "x": x[i],
+            "x_pos": x[i_pos],
+            "x_neg": x[i_neg],
+            "c": c,
+            "c_neg": c_neg,
+            "i": i,
+            "i_pos": i_pos,
+            "i_neg": i_neg,
+        }
 
     def __repr__(self) -> str:
         c = self.config
-        return (f"LatentClassModel(K={c.n_classes}, clusters/class={c.clusters_per_class}, "
-                f"points/class={self.members.shape[1]}, tau={self.collision_probability():.4f})")
+        return (
+            f"LatentClassModel(K={c.n_classes}, clusters/class={c.clusters_per_class}, "
+            f"points/class={self.members.shape[1]}, tau={self.collision_probability():.4f})"
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -204,12 +231,18 @@ class ManifoldConfig:
         check_float("along_std", self.along_std, minimum=0.0)
         check_float("jitter_std", self.jitter_std, minimum=0.0)
         check_int("arcs", self.arcs, minimum=1)
-        check_float("arc_fill", self.arc_fill, minimum=0.0, maximum=1.0, strict_min=True)
+        check_float(
+            "arc_fill", self.arc_fill, minimum=0.0, maximum=1.0, strict_min=True
+        )
         if self.points_per_class % self.arcs:
-            raise ValueError(f"points_per_class ({self.points_per_class}) must be a multiple of arcs ({self.arcs})")
+            raise ValueError(
+                f"points_per_class ({self.points_per_class}) must be a multiple of arcs ({self.arcs})"
+            )
 
 
-def _gaussian_rows(d2: torch.Tensor, std: float, mask: torch.Tensor | None = None) -> torch.Tensor:
+def _gaussian_rows(
+    d2: torch.Tensor, std: float, mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """Row-normalised Gaussian weights exp(-d2 / 2 std^2); std = 0 gives the identity."""
     if std == 0.0:
         return torch.eye(d2.shape[0], dtype=torch.float64)
@@ -230,10 +263,14 @@ class MixtureOfManifolds:
 
     def __init__(self, config: ManifoldConfig = ManifoldConfig()):
         if not isinstance(config, ManifoldConfig):
-            raise TypeError(f"config must be a ManifoldConfig, got {type(config).__name__}")
+            raise TypeError(
+                f"config must be a ManifoldConfig, got {type(config).__name__}"
+            )
         self.config = c = config
         r, m, q = c.n_classes, c.points_per_class, c.arcs
-        circum = c.separation / (2 * math.sin(math.pi / r))  # polygon with side = separation
+        circum = c.separation / (
+            2 * math.sin(math.pi / r)
+        )  # polygon with side = separation
         phi = 2 * math.pi * torch.arange(r, dtype=torch.float64) / r
         centres = circum * torch.stack([torch.cos(phi), torch.sin(phi)], 1)
         per_arc = m // q
@@ -241,13 +278,19 @@ class MixtureOfManifolds:
             angle = 2 * math.pi * torch.arange(m, dtype=torch.float64) / m
         else:
             span = 2 * math.pi / q * c.arc_fill
-            within = torch.arange(per_arc, dtype=torch.float64) * span / max(per_arc - 1, 1)
-            angle = (2 * math.pi * torch.arange(q, dtype=torch.float64) / q)[:, None] + within[None, :]
+            within = (
+                torch.arange(per_arc, dtype=torch.float64) * span / max(per_arc - 1, 1)
+            )
+            angle = (2 * math.pi * torch.arange(q, dtype=torch.float64) / q)[
+                :, None
+            ] + within[None, :]
             angle = angle.reshape(-1)
         self.angle = angle.repeat(r)
         self.labels = torch.arange(r).repeat_interleave(m)
         self.arc_id = self.labels * q + (torch.arange(m) // per_arc).repeat(r)
-        self.points = centres[self.labels] + c.radius * torch.stack([torch.cos(self.angle), torch.sin(self.angle)], 1)
+        self.points = centres[self.labels] + c.radius * torch.stack(
+            [torch.cos(self.angle), torch.sin(self.angle)], 1
+        )
         self._kernel = None
 
     @property
@@ -267,7 +310,9 @@ class MixtureOfManifolds:
                 d = torch.remainder(d + math.pi, 2 * math.pi) - math.pi
             same = self.arc_id[:, None] == self.arc_id[None, :]
             along = _gaussian_rows(d**2, c.along_std, same)
-            jitter = _gaussian_rows(torch.cdist(self.points, self.points).pow(2), c.jitter_std)
+            jitter = _gaussian_rows(
+                torch.cdist(self.points, self.points).pow(2), c.jitter_std
+            )
             self._kernel = along @ jitter
         return self._kernel
 
@@ -276,9 +321,13 @@ class MixtureOfManifolds:
         A = self.augmentation_kernel()
         W = A.T @ (self.natural_probs()[:, None] * A)
         W = 0.5 * (W + W.T)
-        return AugmentationGraph(weights=W, labels=self.labels.clone(), points=self.points.clone())
+        return AugmentationGraph(
+            weights=W, labels=self.labels.clone(), points=self.points.clone()
+        )
 
-    def sample_pairs(self, n: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    def sample_pairs(
+        self, n: int, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Indices ``(i, i_pos)`` of ``n`` positive pairs: two augmentations of one natural point."""
         n = check_int("n", n, minimum=1)
         g = _check_generator(generator)
@@ -297,16 +346,22 @@ class MixtureOfManifolds:
         """
         n_arcs = self.config.n_classes * self.config.arcs
         arc_map = torch.as_tensor(list(arc_map), dtype=torch.int64)
-        if arc_map.shape != (n_arcs,) or not torch.equal(torch.sort(arc_map).values, torch.arange(n_arcs)):
-            raise ValueError(f"arc_map must be a permutation of range({n_arcs}), got {arc_map.tolist()}")
+        if arc_map.shape != (n_arcs,) or not torch.equal(
+            torch.sort(arc_map).values, torch.arange(n_arcs)
+        ):
+            raise ValueError(
+                f"arc_map must be a permutation of range({n_arcs}), got {arc_map.tolist()}"
+            )
         per_arc = self.config.points_per_class // self.config.arcs
         pos = torch.arange(self.n_points) % per_arc
         return arc_map[self.arc_id] * per_arc + pos
 
     def __repr__(self) -> str:
         c = self.config
-        return (f"MixtureOfManifolds(r={c.n_classes}, m={c.points_per_class}, separation={c.separation}, "
-                f"along_std={c.along_std}, jitter_std={c.jitter_std}, arcs={c.arcs})")
+        return (
+            f"MixtureOfManifolds(r={c.n_classes}, m={c.points_per_class}, separation={c.separation}, "
+            f"along_std={c.along_std}, jitter_std={c.jitter_std}, arcs={c.arcs})"
+        )
 
 
 def class_mixing_arc_map(n_classes: int, arcs: int) -> list[int]:
@@ -317,4 +372,6 @@ def class_mixing_arc_map(n_classes: int, arcs: int) -> list[int]:
     """
     n_classes = check_int("n_classes", n_classes, minimum=2)
     arcs = check_int("arcs", arcs, minimum=1)
-    return [((c + j) % n_classes) * arcs + j for c in range(n_classes) for j in range(arcs)]
+    return [
+        ((c + j) % n_classes) * arcs + j for c in range(n_classes) for j in range(arcs)
+    ]

@@ -76,7 +76,9 @@ class GINCConfig:
     n_entities: int = 10
     n_properties: int = 10
     vocab_size: int = 50
-    n_concepts: int = 10  # the first half is seen in pretraining, the second half unseen
+    n_concepts: int = (
+        10  # the first half is seen in pretraining, the second half unseen
+    )
     transition_temp: float = 0.1
     start_temp: float = 10.0
     entity_stickiness: float = 0.9
@@ -90,9 +92,13 @@ class GINCConfig:
         check_int("n_properties", self.n_properties, minimum=2)
         check_int("vocab_size", self.vocab_size, minimum=2)
         check_int("n_concepts", self.n_concepts, minimum=2)
-        check_float("transition_temp", self.transition_temp, minimum=0.0, strict_min=True)
+        check_float(
+            "transition_temp", self.transition_temp, minimum=0.0, strict_min=True
+        )
         check_float("start_temp", self.start_temp, minimum=0.0, strict_min=True)
-        check_float("entity_stickiness", self.entity_stickiness, minimum=0.0, maximum=1.0)
+        check_float(
+            "entity_stickiness", self.entity_stickiness, minimum=0.0, maximum=1.0
+        )
         check_int("n_documents", self.n_documents, minimum=1)
         check_int("document_length", self.document_length, minimum=2)
         check_int("seed", self.seed, minimum=0)
@@ -116,8 +122,14 @@ class GINCConfig:
 GINC_PRESETS: dict[str, GINCConfig] = {
     "paper": GINCConfig(),
     "cpu": GINCConfig(n_documents=200, document_length=5120),
-    "tiny": GINCConfig(n_entities=2, n_properties=3, vocab_size=5, n_concepts=4,
-                       n_documents=8, document_length=64),
+    "tiny": GINCConfig(
+        n_entities=2,
+        n_properties=3,
+        vocab_size=5,
+        n_concepts=4,
+        n_documents=8,
+        document_length=64,
+    ),
 }
 
 
@@ -129,8 +141,9 @@ def ginc_preset(name: str, **overrides) -> GINCConfig:
     return replace(GINC_PRESETS[name], **overrides)
 
 
-def permutation_mixture(size: int, n_permutations: int, temperature: float,
-                        generator: torch.Generator) -> torch.Tensor:
+def permutation_mixture(
+    size: int, n_permutations: int, temperature: float, generator: torch.Generator
+) -> torch.Tensor:
     """A random stochastic matrix :math:`\\sum_j w_j P_{\\sigma_j}`, shape ``(size, size)``.
 
     The :math:`\\sigma_j` are uniform random permutations and
@@ -141,7 +154,9 @@ def permutation_mixture(size: int, n_permutations: int, temperature: float,
     n_permutations = check_int("n_permutations", n_permutations, minimum=1)
     temperature = check_float("temperature", temperature, minimum=0.0, strict_min=True)
     if not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+        raise TypeError(
+            f"generator must be a torch.Generator, got {type(generator).__name__}"
+        )
     u = torch.rand(n_permutations, generator=generator, dtype=torch.float64)
     w = torch.softmax((u - 0.5) / temperature, dim=0)
     perms = torch.argsort(torch.rand(n_permutations, size, generator=generator), dim=1)
@@ -204,16 +219,22 @@ class Prompts:
         """
         n = check_int("n", n, minimum=0, maximum=self.n_examples)
         ex = torch.cat([self.examples[:, :n], self.examples[:, -1:]], dim=1)
-        return Prompts(ex, assemble_prompts(ex), self.labels, self.concepts, self.start_property)
+        return Prompts(
+            ex, assemble_prompts(ex), self.labels, self.concepts, self.start_property
+        )
 
     def reordered(self, order: torch.Tensor) -> "Prompts":
         """The same prompts with the ``n`` in-context examples put in ``order`` (a permutation)."""
         order = check_tensor("order", order, shape=(self.n_examples,), integer=True)
         if not torch.equal(torch.sort(order).values, torch.arange(self.n_examples)):
-            raise ValueError(f"order must be a permutation of 0..{self.n_examples - 1}, got {order.tolist()}")
+            raise ValueError(
+                f"order must be a permutation of 0..{self.n_examples - 1}, got {order.tolist()}"
+            )
         idx = torch.cat([order, torch.tensor([self.n_examples])])
         ex = self.examples[:, idx]
-        return Prompts(ex, assemble_prompts(ex), self.labels, self.concepts, self.start_property)
+        return Prompts(
+            ex, assemble_prompts(ex), self.labels, self.concepts, self.start_property
+        )
 
 
 def token_names(vocab_size: int) -> list[str]:
@@ -236,7 +257,9 @@ def assemble_prompts(examples: torch.Tensor) -> torch.Tensor:
     B, m, k = examples.shape
     delim = torch.full((B, m, 1), DELIMITER, dtype=examples.dtype)
     flat = torch.cat([examples, delim], dim=2).reshape(B, m * (k + 1))
-    return flat[:, : m * (k + 1) - 2]  # drop the final delimiter and the test example's last token
+    return flat[
+        :, : m * (k + 1) - 2
+    ]  # drop the final delimiter and the test example's last token
 
 
 class GINC:
@@ -252,9 +275,15 @@ class GINC:
         memory[:, 0] = DELIMITER
         self.memory = memory
         mix = permutation_mixture(E, E, c.transition_temp, g)
-        self.entity_transition = c.entity_stickiness * torch.eye(E, dtype=torch.float64) + (1 - c.entity_stickiness) * mix
+        self.entity_transition = (
+            c.entity_stickiness * torch.eye(E, dtype=torch.float64)
+            + (1 - c.entity_stickiness) * mix
+        )
         self.property_transitions = torch.stack(
-            [permutation_mixture(P, P, c.transition_temp, g) for _ in range(c.n_concepts)]
+            [
+                permutation_mixture(P, P, c.transition_temp, g)
+                for _ in range(c.n_concepts)
+            ]
         )
         u = torch.rand(c.n_concepts, c.n_states, generator=g, dtype=torch.float64)
         self.start_probs = torch.softmax((u - 0.5) / c.start_temp, dim=1)
@@ -288,7 +317,12 @@ class GINC:
     def transition_matrices(self, concepts=None) -> torch.Tensor:
         """:math:`T_c = A \\otimes B^{(c)}` for the given concepts, shape ``(C, H, H)``."""
         concepts = self.concept_indices(concepts)
-        return torch.stack([torch.kron(self.entity_transition, self.property_transitions[i]) for i in concepts.tolist()])
+        return torch.stack(
+            [
+                torch.kron(self.entity_transition, self.property_transitions[i])
+                for i in concepts.tolist()
+            ]
+        )
 
     def concept_indices(self, concepts) -> torch.Tensor:
         """Concept indices from ``"seen"``, ``"unseen"``, ``"all"`` or a 1-D integer tensor."""
@@ -296,10 +330,20 @@ class GINC:
             return self.seen_concepts
         if isinstance(concepts, str):
             check_choice("concepts", concepts, ("seen", "unseen", "all"))
-            return self.unseen_concepts if concepts == "unseen" else torch.arange(self.config.n_concepts)
+            return (
+                self.unseen_concepts
+                if concepts == "unseen"
+                else torch.arange(self.config.n_concepts)
+            )
         concepts = check_tensor("concepts", concepts, ndim=1, integer=True)
-        if concepts.numel() == 0 or concepts.min() < 0 or concepts.max() >= self.config.n_concepts:
-            raise ValueError(f"concepts must hold indices in [0, {self.config.n_concepts - 1}], got {concepts.tolist()}")
+        if (
+            concepts.numel() == 0
+            or concepts.min() < 0
+            or concepts.max() >= self.config.n_concepts
+        ):
+            raise ValueError(
+                f"concepts must hold indices in [0, {self.config.n_concepts - 1}], got {concepts.tolist()}"
+            )
         return concepts
 
     # -- sampling -------------------------------------------------------------------
@@ -308,7 +352,9 @@ class GINC:
         P = self.config.n_properties
         cdf_a = self.entity_transition.cumsum(1)
         cdf_b = self.property_transitions.cumsum(2)
-        u = torch.rand(steps, 2, entity.shape[0], generator=generator, dtype=torch.float64)
+        u = torch.rand(
+            steps, 2, entity.shape[0], generator=generator, dtype=torch.float64
+        )
         states = [entity * P + prop]
         for t in range(steps):  # one iteration per position, vectorized over sequences
             entity = _categorical(cdf_a[entity], u[t, 0])
@@ -316,12 +362,16 @@ class GINC:
             states.append(entity * P + prop)
         return torch.stack(states, dim=1)
 
-    def sample_documents(self, n: int, length: int, generator: torch.Generator, concepts="seen") -> Documents:
+    def sample_documents(
+        self, n: int, length: int, generator: torch.Generator, concepts="seen"
+    ) -> Documents:
         """``n`` documents of ``length`` tokens, each from one concept drawn uniformly from ``concepts``."""
         n = check_int("n", n, minimum=1)
         length = check_int("length", length, minimum=1)
         if not isinstance(generator, torch.Generator):
-            raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+            raise TypeError(
+                f"generator must be a torch.Generator, got {type(generator).__name__}"
+            )
         pool = self.concept_indices(concepts)
         concept = pool[torch.randint(len(pool), (n,), generator=generator)]
         u0 = torch.rand(n, generator=generator, dtype=torch.float64)
@@ -334,12 +384,21 @@ class GINC:
         """The pretraining token stream: ``n_documents`` documents from the seen concepts,
         each followed by a delimiter, concatenated (``corpus_seed`` fixes it)."""
         c = self.config
-        docs = self.sample_documents(c.n_documents, c.document_length, make_generator(c.corpus_seed))
+        docs = self.sample_documents(
+            c.n_documents, c.document_length, make_generator(c.corpus_seed)
+        )
         delim = torch.full((c.n_documents, 1), DELIMITER, dtype=docs.tokens.dtype)
         return torch.cat([docs.tokens, delim], dim=1).reshape(-1)
 
-    def sample_prompts(self, n_prompts: int, n_examples: int, example_length: int,
-                       generator: torch.Generator, concepts="seen", start_property: int | None = None) -> Prompts:
+    def sample_prompts(
+        self,
+        n_prompts: int,
+        n_examples: int,
+        example_length: int,
+        generator: torch.Generator,
+        concepts="seen",
+        start_property: int | None = None,
+    ) -> Prompts:
         """``n_prompts`` prompts with ``n_examples`` examples of ``example_length`` tokens.
 
         ``concepts`` is ``"seen"``, ``"unseen"`` or a tensor of concept indices; each prompt
@@ -350,23 +409,39 @@ class GINC:
         n = check_int("n_examples", n_examples, minimum=0)
         k = check_int("example_length", example_length, minimum=2)
         if not isinstance(generator, torch.Generator):
-            raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+            raise TypeError(
+                f"generator must be a torch.Generator, got {type(generator).__name__}"
+            )
         c = self.config
         pool = self.concept_indices(concepts)
         concept = pool[torch.randint(len(pool), (B,), generator=generator)]
         if start_property is None:
             start = torch.randint(1, c.n_properties, (B,), generator=generator)
         else:
-            start = torch.full((B,), check_int("start_property", start_property, minimum=1, maximum=c.n_properties - 1))
+            start = torch.full(
+                (B,),
+                check_int(
+                    "start_property",
+                    start_property,
+                    minimum=1,
+                    maximum=c.n_properties - 1,
+                ),
+            )
         entity = torch.randint(c.n_entities, (B, n + 1), generator=generator)
-        states = self._run_chains(entity.reshape(-1), start.repeat_interleave(n + 1),
-                                  concept.repeat_interleave(n + 1), k - 1, generator)
+        states = self._run_chains(
+            entity.reshape(-1),
+            start.repeat_interleave(n + 1),
+            concept.repeat_interleave(n + 1),
+            k - 1,
+            generator,
+        )
         examples = self.state_tokens[states].reshape(B, n + 1, k)
         labels = self.most_likely_next_token(examples[:, -1, :-1], concept, start)
         return Prompts(examples, assemble_prompts(examples), labels, concept, start)
 
-    def most_likely_next_token(self, inputs: torch.Tensor, concepts: torch.Tensor,
-                               start_property: torch.Tensor) -> torch.Tensor:
+    def most_likely_next_token(
+        self, inputs: torch.Tensor, concepts: torch.Tensor, start_property: torch.Tensor
+    ) -> torch.Tensor:
         """:math:`\\arg\\max_v p(o_{k} = v \\mid o_{1:k-1}, c)` for test inputs ``(B, k-1)``.
 
         The first hidden state is uniform over entities at property ``start_property``;
@@ -377,7 +452,9 @@ class GINC:
         inputs = check_tensor("inputs", inputs, ndim=2, integer=True)
         B = inputs.shape[0]
         concepts = check_tensor("concepts", concepts, shape=(B,), integer=True)
-        start_property = check_tensor("start_property", start_property, shape=(B,), integer=True)
+        start_property = check_tensor(
+            "start_property", start_property, shape=(B,), integer=True
+        )
         E, P = self.config.n_entities, self.config.n_properties
         init = torch.zeros(B, 1, self.n_states, dtype=torch.float64)
         idx = torch.arange(E).unsqueeze(0) * P + start_property.unsqueeze(1)  # (B, E)
@@ -385,9 +462,13 @@ class GINC:
         probs = torch.empty(B, self.config.vocab_size, dtype=torch.float64)
         T_all = self.transition_matrices("all")
         O = self.emission_matrix()
-        for cc in concepts.unique().tolist():  # a handful of concepts: one batched pass each
+        for (
+            cc
+        ) in concepts.unique().tolist():  # a handful of concepts: one batched pass each
             rows = (concepts == cc).nonzero().squeeze(1)
-            probs[rows] = next_token_distribution(inputs[rows], T_all[cc : cc + 1], O, init[rows])[:, 0]
+            probs[rows] = next_token_distribution(
+                inputs[rows], T_all[cc : cc + 1], O, init[rows]
+            )[:, 0]
         return probs.argmax(1)
 
     def decode(self, tokens: torch.Tensor) -> str:
@@ -398,5 +479,7 @@ class GINC:
 
     def __repr__(self) -> str:
         c = self.config
-        return (f"GINC(entities={c.n_entities}, properties={c.n_properties}, vocab={c.vocab_size}, "
-                f"concepts={c.n_seen} seen + {c.n_concepts - c.n_seen} unseen, seed={c.seed})")
+        return (
+            f"GINC(entities={c.n_entities}, properties={c.n_properties}, vocab={c.vocab_size}, "
+            f"concepts={c.n_seen} seen + {c.n_concepts - c.n_seen} unseen, seed={c.seed})"
+        )

@@ -118,7 +118,9 @@ class HMMLanguage:
 
     def __init__(self, config: HMMLanguageConfig = HMMLanguageConfig()):
         if not isinstance(config, HMMLanguageConfig):
-            raise TypeError(f"config must be an HMMLanguageConfig, got {type(config).__name__}")
+            raise TypeError(
+                f"config must be an HMMLanguageConfig, got {type(config).__name__}"
+            )
         self.config = c = config
         K, S = c.n_blocks, c.states_per_block
         H = K * S
@@ -134,36 +136,54 @@ class HMMLanguage:
             A[blk, blk] = (c.stay if K > 1 else 1.0) * inner
             if K > 1:
                 A[blk, self.state_block != k] = (1 - c.stay) / ((K - 1) * S)
-        E0 = (1 - c.emission_noise) * torch.eye(S, dtype=torch.float64) + c.emission_noise / S
+        E0 = (1 - c.emission_noise) * torch.eye(
+            S, dtype=torch.float64
+        ) + c.emission_noise / S
         self.initial = torch.full((H,), 1.0 / H, dtype=torch.float64)
         self.transition = A / A.sum(1, keepdim=True)
         self.emission = E0.repeat(K, 1)
 
     # -- sampling -----------------------------------------------------------------
-    def sample(self, n: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    def sample(
+        self, n: int, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Draw ``n`` sentences: tokens ``(n, T)`` and hidden states ``(n, T)``, both int64."""
         n = check_int("n", n, minimum=1)
         if not isinstance(generator, torch.Generator):
-            raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+            raise TypeError(
+                f"generator must be a torch.Generator, got {type(generator).__name__}"
+            )
         T = self.config.length
         states = torch.empty(n, T, dtype=torch.long)
         tokens = torch.empty(n, T, dtype=torch.long)
-        h = torch.multinomial(self.initial.expand(n, -1), 1, generator=generator).squeeze(1)
+        h = torch.multinomial(
+            self.initial.expand(n, -1), 1, generator=generator
+        ).squeeze(1)
         for t in range(T):
             if t > 0:
-                h = torch.multinomial(self.transition[h], 1, generator=generator).squeeze(1)
+                h = torch.multinomial(
+                    self.transition[h], 1, generator=generator
+                ).squeeze(1)
             states[:, t] = h
-            tokens[:, t] = torch.multinomial(self.emission[h], 1, generator=generator).squeeze(1)
+            tokens[:, t] = torch.multinomial(
+                self.emission[h], 1, generator=generator
+            ).squeeze(1)
         return tokens, states
 
     # -- exact inference ----------------------------------------------------------
     def _check_tokens(self, tokens) -> torch.Tensor:
-        tokens = check_tensor("tokens", tokens, shape=(None, self.config.length), integer=True)
-        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.config.vocab_size):
+        tokens = check_tensor(
+            "tokens", tokens, shape=(None, self.config.length), integer=True
+        )
+        if tokens.numel() and (
+            int(tokens.min()) < 0 or int(tokens.max()) >= self.config.vocab_size
+        ):
             raise ValueError(f"tokens must lie in [0, {self.config.vocab_size - 1}]")
         return tokens
 
-    def _forward_backward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _forward_backward(
+        self, tokens: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Predictive forward ``alpha_hat[t] = P(h_t | x_<t)`` and normalised backward ``beta``."""
         n, T = tokens.shape
         A, E = self.transition, self.emission
@@ -220,7 +240,9 @@ class HMMLanguage:
         return out
 
     # -- the optimal pretraining loss and the downstream ceiling ----------------
-    def optimal_mlm_loss(self, n: int = 20_000, seed: int = 12345) -> tuple[float, float]:
+    def optimal_mlm_loss(
+        self, n: int = 20_000, seed: int = 12345
+    ) -> tuple[float, float]:
         """The entropy of the masked-token conditional: the smallest masked-LM loss.
 
         :math:`\\mathbb{E}_{x}\\frac1T\\sum_t H(p^\\star(\\cdot\\mid x_{-t}))`, with the per-context
@@ -236,19 +258,29 @@ class HMMLanguage:
     def block_posterior(self, tokens: torch.Tensor) -> torch.Tensor:
         """:math:`P(\\text{block of } h_t = k \\mid x)`: ``(n, T, K)``, float64."""
         p = self.state_posterior(tokens)
-        return p.reshape(*p.shape[:-1], self.config.n_blocks, self.config.states_per_block).sum(-1)
+        return p.reshape(
+            *p.shape[:-1], self.config.n_blocks, self.config.states_per_block
+        ).sum(-1)
 
-    def bayes_accuracy(self, position: int, task: str = "block", n: int = 20_000, seed: int = 54321) -> float:
+    def bayes_accuracy(
+        self, position: int, task: str = "block", n: int = 20_000, seed: int = 54321
+    ) -> float:
         """Best possible accuracy of predicting the block (or state) of :math:`h_t` from the sentence.
 
         :math:`\\mathbb{E}_x \\max_k P(\\text{label}_t = k \\mid x)`, the posterior exact and the
         expectation over ``n`` fresh sentences.
         """
-        position = check_int("position", position, minimum=0, maximum=self.config.length - 1)
+        position = check_int(
+            "position", position, minimum=0, maximum=self.config.length - 1
+        )
         check_choice("task", task, ("block", "state"))
         n = check_int("n", n, minimum=1)
         tokens, _ = self.sample(n, make_generator(seed))
-        post = self.block_posterior(tokens) if task == "block" else self.state_posterior(tokens)
+        post = (
+            self.block_posterior(tokens)
+            if task == "block"
+            else self.state_posterior(tokens)
+        )
         return float(post[:, position].max(-1).values.mean())
 
     def __repr__(self) -> str:

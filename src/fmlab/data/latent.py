@@ -60,31 +60,47 @@ class TwoViewLatentModel:
 
     def __init__(self, config: TwoViewConfig = TwoViewConfig()):
         if not isinstance(config, TwoViewConfig):
-            raise TypeError(f"config must be a TwoViewConfig, got {type(config).__name__}")
+            raise TypeError(
+                f"config must be a TwoViewConfig, got {type(config).__name__}"
+            )
         self.config = config
         g = make_generator(config.seed)
-        self.means_a = torch.randn(config.n_classes, config.dim_a, generator=g, dtype=torch.float64)
-        self.means_b = torch.randn(config.n_classes, config.dim_b, generator=g, dtype=torch.float64)
+        self.means_a = torch.randn(
+            config.n_classes, config.dim_a, generator=g, dtype=torch.float64
+        )
+        self.means_b = torch.randn(
+            config.n_classes, config.dim_b, generator=g, dtype=torch.float64
+        )
 
     # -- sampling -----------------------------------------------------------------
-    def sample(self, n: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def sample(
+        self, n: int, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Draw ``n`` examples: latent classes ``(n,)``, ``x_A`` ``(n, d_A)``, ``x_B`` ``(n, d_B)``.
 
         Inputs are float32 (what models consume); the latent classes are int64.
         """
         n = check_int("n", n, minimum=1)
         if not isinstance(generator, torch.Generator):
-            raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+            raise TypeError(
+                f"generator must be a torch.Generator, got {type(generator).__name__}"
+            )
         cfg = self.config
         c = torch.randint(cfg.n_classes, (n,), generator=generator)
-        xa = self.means_a[c] + cfg.noise_a * torch.randn(n, cfg.dim_a, generator=generator, dtype=torch.float64)
-        xb = self.means_b[c] + cfg.noise_b * torch.randn(n, cfg.dim_b, generator=generator, dtype=torch.float64)
+        xa = self.means_a[c] + cfg.noise_a * torch.randn(
+            n, cfg.dim_a, generator=generator, dtype=torch.float64
+        )
+        xb = self.means_b[c] + cfg.noise_b * torch.randn(
+            n, cfg.dim_b, generator=generator, dtype=torch.float64
+        )
         return c, xa.float(), xb.float()
 
     # -- exact Bayesian quantities ------------------------------------------------
     def posterior(self, xa: torch.Tensor) -> torch.Tensor:
         """Exact :math:`p(c \\mid x_A)` for each row of ``xa``: shape ``(n, K)``, float64."""
-        xa = check_tensor("xa", xa, shape=(None, self.config.dim_a), floating=True).double()
+        xa = check_tensor(
+            "xa", xa, shape=(None, self.config.dim_a), floating=True
+        ).double()
         sq = torch.cdist(xa, self.means_a).pow(2)
         return torch.softmax(-sq / (2 * self.config.noise_a**2), dim=1)
 
@@ -118,12 +134,16 @@ class TwoViewLatentModel:
         s[perm[: K // 2]] = -1.0
         return s
 
-    def bayes_task_loss(self, signs: torch.Tensor, n: int = 200_000, seed: int = 54321) -> float:
+    def bayes_task_loss(
+        self, signs: torch.Tensor, n: int = 200_000, seed: int = 54321
+    ) -> float:
         """The smallest population squared loss of any predictor of ``y = s_c`` from ``x_A``.
 
         Equals :math:`\\mathbb{E}\\,\\mathrm{Var}(s_c \\mid x_A) = 1 - \\mathbb{E}[(\\sum_c p(c\\mid x_A) s_c)^2]`.
         """
-        signs = check_tensor("signs", signs, shape=(self.config.n_classes,), floating=True)
+        signs = check_tensor(
+            "signs", signs, shape=(self.config.n_classes,), floating=True
+        )
         n = check_int("n", n, minimum=1)
         _, xa, _ = self.sample(n, make_generator(seed))
         m = self.posterior(xa) @ signs.double()

@@ -47,12 +47,53 @@ from ..repro import make_generator
 __all__ = ["SentimentLanguageConfig", "SentimentLanguage"]
 
 SPECIALS = ["[PAD]", "[MASK]", "[CLS]", ".", "it", "was", "great", "terrible"]
-POSITIVE = ["good", "fun", "lovely", "brilliant", "charming", "superb", "moving", "witty", "fresh", "gripping"]
-NEGATIVE = ["bad", "dull", "boring", "awful", "clumsy", "tedious", "weak", "silly", "bland", "messy"]
+POSITIVE = [
+    "good",
+    "fun",
+    "lovely",
+    "brilliant",
+    "charming",
+    "superb",
+    "moving",
+    "witty",
+    "fresh",
+    "gripping",
+]
+NEGATIVE = [
+    "bad",
+    "dull",
+    "boring",
+    "awful",
+    "clumsy",
+    "tedious",
+    "weak",
+    "silly",
+    "bland",
+    "messy",
+]
 NEUTRAL = [
-    "the", "a", "movie", "film", "plot", "actor", "story", "and", "scene", "music",
-    "ending", "cast", "director", "script", "of", "with", "this", "very", "quite", "its",
-    "scary", "predictable",
+    "the",
+    "a",
+    "movie",
+    "film",
+    "plot",
+    "actor",
+    "story",
+    "and",
+    "scene",
+    "music",
+    "ending",
+    "cast",
+    "director",
+    "script",
+    "of",
+    "with",
+    "this",
+    "very",
+    "quite",
+    "its",
+    "scary",
+    "predictable",
 ]
 DOMAIN = ("scary", "predictable")  # positive, negative in the downstream review domain
 
@@ -77,13 +118,23 @@ class SentimentLanguageConfig:
         check_int("min_len", self.min_len, minimum=1)
         check_int("max_len", self.max_len, minimum=self.min_len)
         check_float("opinion_rate", self.opinion_rate, minimum=0.0, maximum=1.0)
-        check_float("irony_min", self.irony_min, minimum=0.0, maximum=0.5, strict_min=True)
+        check_float(
+            "irony_min", self.irony_min, minimum=0.0, maximum=0.5, strict_min=True
+        )
         check_float("irony_max", self.irony_max, minimum=self.irony_min, maximum=0.5)
-        check_float("prior_positive", self.prior_positive, minimum=0.0, maximum=1.0, strict_min=True)
+        check_float(
+            "prior_positive",
+            self.prior_positive,
+            minimum=0.0,
+            maximum=1.0,
+            strict_min=True,
+        )
         if self.prior_positive >= 1.0:
             raise ValueError(f"prior_positive must be < 1, got {self.prior_positive}")
         check_float("p_statement", self.p_statement, minimum=0.0, maximum=1.0)
-        check_float("statement_fidelity", self.statement_fidelity, minimum=0.0, maximum=1.0)
+        check_float(
+            "statement_fidelity", self.statement_fidelity, minimum=0.0, maximum=1.0
+        )
         check_float("domain_rate", self.domain_rate, minimum=0.0, maximum=1.0)
         check_float("domain_ambiguity", self.domain_ambiguity, minimum=0.0, maximum=0.5)
         check_int("seed", self.seed, minimum=0)
@@ -94,12 +145,22 @@ class SentimentLanguage:
 
     def __init__(self, config: SentimentLanguageConfig = SentimentLanguageConfig()):
         if not isinstance(config, SentimentLanguageConfig):
-            raise TypeError(f"config must be a SentimentLanguageConfig, got {type(config).__name__}")
+            raise TypeError(
+                f"config must be a SentimentLanguageConfig, got {type(config).__name__}"
+            )
         self.config = c = config
         self.words = SPECIALS + POSITIVE + NEGATIVE + NEUTRAL
         self.index = {w: i for i, w in enumerate(self.words)}
-        self.pad_id, self.mask_id, self.cls_id = self.index["[PAD]"], self.index["[MASK]"], self.index["[CLS]"]
-        self.period_id, self.it_id, self.was_id = self.index["."], self.index["it"], self.index["was"]
+        self.pad_id, self.mask_id, self.cls_id = (
+            self.index["[PAD]"],
+            self.index["[MASK]"],
+            self.index["[CLS]"],
+        )
+        self.period_id, self.it_id, self.was_id = (
+            self.index["."],
+            self.index["it"],
+            self.index["was"],
+        )
         self.great_id, self.terrible_id = self.index["great"], self.index["terrible"]
         self.label_ids = (self.great_id, self.terrible_id)  # label word for s=+1, s=-1
         pos = torch.tensor([self.index[w] for w in POSITIVE])
@@ -108,10 +169,15 @@ class SentimentLanguage:
         g = make_generator(c.seed)
         weight = torch.rand(len(pos), generator=g, dtype=torch.float64) + 0.5
         weight = weight / weight.sum()  # u_j
-        self.ambiguity = c.irony_min + (c.irony_max - c.irony_min) * torch.rand(len(pos), generator=g, dtype=torch.float64)
+        self.ambiguity = c.irony_min + (c.irony_max - c.irony_min) * torch.rand(
+            len(pos), generator=g, dtype=torch.float64
+        )
         V = len(self.words)
         # word distributions p(w | s) of the two domains; rows: s = +1, s = -1
-        self.word_probs = {"pretrain": torch.zeros(2, V, dtype=torch.float64), "task": torch.zeros(2, V, dtype=torch.float64)}
+        self.word_probs = {
+            "pretrain": torch.zeros(2, V, dtype=torch.float64),
+            "task": torch.zeros(2, V, dtype=torch.float64),
+        }
         dom = torch.tensor([self.index[w] for w in DOMAIN])
         plain = torch.tensor([self.index[w] for w in NEUTRAL if w not in DOMAIN])
         for row, (own, other) in enumerate(((pos, neg), (neg, pos))):
@@ -122,8 +188,12 @@ class SentimentLanguage:
             lexicon = 1 - c.domain_rate
             task[row, own] += c.opinion_rate * lexicon * weight * (1 - self.ambiguity)
             task[row, other] += c.opinion_rate * lexicon * weight * self.ambiguity
-            task[row, dom[row]] += c.opinion_rate * c.domain_rate * (1 - c.domain_ambiguity)
-            task[row, dom[1 - row]] += c.opinion_rate * c.domain_rate * c.domain_ambiguity
+            task[row, dom[row]] += (
+                c.opinion_rate * c.domain_rate * (1 - c.domain_ambiguity)
+            )
+            task[row, dom[1 - row]] += (
+                c.opinion_rate * c.domain_rate * c.domain_ambiguity
+            )
             task[row, plain] += (1 - c.opinion_rate) / len(plain)
 
     @property
@@ -138,14 +208,23 @@ class SentimentLanguage:
     # -- sampling --------------------------------------------------------------------
     def _check_generator(self, generator):
         if not isinstance(generator, torch.Generator):
-            raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+            raise TypeError(
+                f"generator must be a torch.Generator, got {type(generator).__name__}"
+            )
 
     def _check_domain(self, domain: str) -> None:
         if domain not in ("pretrain", "task"):
-            raise ValueError(f"domain must be one of ['pretrain', 'task'], got {domain!r}")
+            raise ValueError(
+                f"domain must be one of ['pretrain', 'task'], got {domain!r}"
+            )
 
     def sample_sentences(
-        self, n: int, generator: torch.Generator, *, domain: str = "pretrain", prior_positive: float | None = None
+        self,
+        n: int,
+        generator: torch.Generator,
+        *,
+        domain: str = "pretrain",
+        prior_positive: float | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``n`` sentences of ``domain``: sentiments ``(n,)`` in {+1, -1}, words
         ``(n, max_len)`` (``[PAD]`` after the end) and lengths ``(n,)``.
@@ -164,7 +243,9 @@ class SentimentLanguage:
         s = torch.where(torch.rand(n, generator=generator) < pi, 1, -1)
         lengths = torch.randint(c.min_len, c.max_len + 1, (n,), generator=generator)
         probs = self.word_probs[domain][(s < 0).long()]  # (n, V)
-        words = torch.multinomial(probs, c.max_len, replacement=True, generator=generator)
+        words = torch.multinomial(
+            probs, c.max_len, replacement=True, generator=generator
+        )
         words[torch.arange(c.max_len)[None, :] >= lengths[:, None]] = self.pad_id
         return s, words, lengths
 
@@ -188,14 +269,21 @@ class SentimentLanguage:
         faithful = torch.rand(n, generator=generator) < c.statement_fidelity
         label_word = torch.where(faithful, true_word, flipped)
         tail = torch.stack(
-            [torch.full((n,), self.it_id), torch.full((n,), self.was_id), label_word, torch.full((n,), self.period_id)],
+            [
+                torch.full((n,), self.it_id),
+                torch.full((n,), self.was_id),
+                label_word,
+                torch.full((n,), self.period_id),
+            ],
             dim=1,
         )
         has = torch.rand(n, generator=generator) < c.p_statement
         tail[~has] = self.pad_id
         return self._assemble(words, lengths, tail)
 
-    def task_inputs(self, words: torch.Tensor, lengths: torch.Tensor, *, prompt: str = "it was") -> torch.Tensor:
+    def task_inputs(
+        self, words: torch.Tensor, lengths: torch.Tensor, *, prompt: str = "it was"
+    ) -> torch.Tensor:
         """Token ids of downstream inputs built from sentences.
 
         ``prompt="it was"``: ``[CLS] w_1..w_L it was [MASK] .`` (the natural prompt);
@@ -205,29 +293,48 @@ class SentimentLanguage:
         words = check_tensor("words", words, ndim=2, integer=True)
         lengths = check_tensor("lengths", lengths, ndim=1, integer=True)
         if prompt not in ("it was", "null", "none"):
-            raise ValueError(f"prompt must be one of ['it was', 'null', 'none'], got {prompt!r}")
+            raise ValueError(
+                f"prompt must be one of ['it was', 'null', 'none'], got {prompt!r}"
+            )
         n = words.shape[0]
         if prompt == "none":
             return self._assemble(words, lengths, None)
-        ids = [self.it_id, self.was_id, self.mask_id, self.period_id] if prompt == "it was" else [self.mask_id]
+        ids = (
+            [self.it_id, self.was_id, self.mask_id, self.period_id]
+            if prompt == "it was"
+            else [self.mask_id]
+        )
         tail = torch.tensor(ids).repeat(n, 1)
         return self._assemble(words, lengths, tail)
 
     # -- exact Bayesian quantities ---------------------------------------------------
-    def log_odds(self, words: torch.Tensor, *, domain: str = "task", prior_positive: float = 0.5) -> torch.Tensor:
+    def log_odds(
+        self, words: torch.Tensor, *, domain: str = "task", prior_positive: float = 0.5
+    ) -> torch.Tensor:
         """Exact :math:`\\log p(s=+1 \\mid w)/p(s=-1 \\mid w)` under ``domain``'s word model
         and the prior ``prior_positive`` (float64, one per sentence)."""
         words = check_tensor("words", words, ndim=2, integer=True)
         self._check_domain(domain)
-        pi = check_float("prior_positive", prior_positive, minimum=0.0, maximum=1.0, strict_min=True)
+        pi = check_float(
+            "prior_positive", prior_positive, minimum=0.0, maximum=1.0, strict_min=True
+        )
         if pi >= 1.0:
             raise ValueError(f"prior_positive must be < 1, got {pi}")
         probs = self.word_probs[domain]
-        llr = torch.cat([probs[0].log() - probs[1].log(), torch.zeros(1, dtype=torch.float64)])
+        llr = torch.cat(
+            [probs[0].log() - probs[1].log(), torch.zeros(1, dtype=torch.float64)]
+        )
         idx = torch.where(words == self.pad_id, len(self.words), words)
         return llr[idx].sum(1) + math.log(pi / (1 - pi))
 
-    def bayes_accuracy(self, n: int = 200_000, seed: int = 777, *, domain: str = "task", model: str | None = None) -> float:
+    def bayes_accuracy(
+        self,
+        n: int = 200_000,
+        seed: int = 777,
+        *,
+        domain: str = "task",
+        model: str | None = None,
+    ) -> float:
         """Accuracy on balanced sentences of ``domain`` of the Bayes classifier built from the
         word model of ``model`` (default: the same domain, i.e. the Bayes-optimal accuracy;
         ``model="pretrain"`` on ``domain="task"`` is the best a perfectly pretrained model
@@ -236,14 +343,19 @@ class SentimentLanguage:
         self._check_domain(domain)
         model = domain if model is None else model
         self._check_domain(model)
-        s, words, _ = self.sample_sentences(n, make_generator(seed), domain=domain, prior_positive=0.5)
+        s, words, _ = self.sample_sentences(
+            n, make_generator(seed), domain=domain, prior_positive=0.5
+        )
         pred = torch.where(self.log_odds(words, domain=model) > 0, 1, -1)
         return (pred == s).double().mean().item()
 
     def decode(self, tokens: torch.Tensor) -> list[str]:
         """Readable strings of token rows (padding dropped)."""
         tokens = check_tensor("tokens", tokens, ndim=2, integer=True)
-        return [" ".join(self.words[t] for t in row.tolist() if t != self.pad_id) for row in tokens]
+        return [
+            " ".join(self.words[t] for t in row.tolist() if t != self.pad_id)
+            for row in tokens
+        ]
 
     def __repr__(self) -> str:
         c = self.config

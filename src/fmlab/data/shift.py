@@ -60,7 +60,9 @@ class StyleShiftConfig:
         p = check_int("dim_content", self.dim_content, minimum=1)
         J = check_int("n_styles", self.n_styles, minimum=2)
         if J * p > D:
-            raise ValueError(f"n_styles * dim_content must be <= dim_input, got {J} * {p} > {D}")
+            raise ValueError(
+                f"n_styles * dim_content must be <= dim_input, got {J} * {p} > {D}"
+            )
         check_int("n_types", self.n_types, minimum=2)
         check_int("n_classes", self.n_classes, minimum=2)
         check_float("type_spread", self.type_spread, minimum=0.0, strict_min=True)
@@ -87,15 +89,23 @@ class StyleShiftWorld:
 
     def __init__(self, config: StyleShiftConfig = StyleShiftConfig()):
         if not isinstance(config, StyleShiftConfig):
-            raise TypeError(f"config must be a StyleShiftConfig, got {type(config).__name__}")
+            raise TypeError(
+                f"config must be a StyleShiftConfig, got {type(config).__name__}"
+            )
         self.config = c = config
         g = make_generator(c.seed)
-        q, _ = torch.linalg.qr(torch.randn(c.dim_input, c.dim_input, generator=g, dtype=torch.float64))
+        q, _ = torch.linalg.qr(
+            torch.randn(c.dim_input, c.dim_input, generator=g, dtype=torch.float64)
+        )
         p = c.dim_content
         #: (J, D, p): style j renders content through render[j]
-        self.render = torch.stack([q[:, j * p:(j + 1) * p] for j in range(c.n_styles)])
+        self.render = torch.stack(
+            [q[:, j * p : (j + 1) * p] for j in range(c.n_styles)]
+        )
         #: (K, p): the mean content of each object type
-        self.type_means = c.type_spread * torch.randn(c.n_types, p, generator=g, dtype=torch.float64)
+        self.type_means = c.type_spread * torch.randn(
+            c.n_types, p, generator=g, dtype=torch.float64
+        )
         #: (C, p): the downstream rule y = argmax_c (W z)_c
         self.rule = torch.randn(c.n_classes, p, generator=g, dtype=torch.float64)
 
@@ -103,17 +113,26 @@ class StyleShiftWorld:
         """Draw ``n`` examples whose style is drawn uniformly from ``styles`` (a sequence of ints)."""
         n = check_int("n", n, minimum=1)
         if not isinstance(generator, torch.Generator):
-            raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
-        styles = [check_int("styles", s, minimum=0, maximum=self.config.n_styles - 1) for s in styles]
+            raise TypeError(
+                f"generator must be a torch.Generator, got {type(generator).__name__}"
+            )
+        styles = [
+            check_int("styles", s, minimum=0, maximum=self.config.n_styles - 1)
+            for s in styles
+        ]
         if not styles:
             raise ValueError("styles must name at least one style")
         c = self.config
         pick = torch.randint(len(styles), (n,), generator=generator)
         style = torch.tensor(styles, dtype=torch.long)[pick]
         t = torch.randint(c.n_types, (n,), generator=generator)
-        z = self.type_means[t] + c.content_noise * torch.randn(n, c.dim_content, generator=generator, dtype=torch.float64)
+        z = self.type_means[t] + c.content_noise * torch.randn(
+            n, c.dim_content, generator=generator, dtype=torch.float64
+        )
         x = torch.einsum("ndp,np->nd", self.render[style], z)
-        x = x + c.input_noise * torch.randn(n, c.dim_input, generator=generator, dtype=torch.float64)
+        x = x + c.input_noise * torch.randn(
+            n, c.dim_input, generator=generator, dtype=torch.float64
+        )
         y = (z @ self.rule.T).argmax(1)
         return LabelledSample(x=x.float(), types=t, labels=y, styles=style)
 
@@ -131,10 +150,14 @@ class StyleShiftWorld:
 
     def style_coordinates(self, x: torch.Tensor) -> torch.Tensor:
         """The energy of each input in each style's subspace, ``(n, J)``: :math:`\\lVert R_j^\\top x\\rVert^2`."""
-        x = check_tensor("x", x, shape=(None, self.config.dim_input), floating=True).double()
+        x = check_tensor(
+            "x", x, shape=(None, self.config.dim_input), floating=True
+        ).double()
         return torch.einsum("jdp,nd->njp", self.render, x).pow(2).sum(-1)
 
     def __repr__(self) -> str:
         c = self.config
-        return (f"StyleShiftWorld(D={c.dim_input}, p={c.dim_content}, styles={c.n_styles}, "
-                f"types={c.n_types}, classes={c.n_classes}, seed={c.seed})")
+        return (
+            f"StyleShiftWorld(D={c.dim_input}, p={c.dim_content}, styles={c.n_styles}, "
+            f"types={c.n_types}, classes={c.n_classes}, seed={c.seed})"
+        )

@@ -29,8 +29,15 @@ class LSTMLanguageModel(nn.Module):
         Dropout between layers and before the output layer (0 disables it).
     """
 
-    def __init__(self, vocab_size: int, *, embed_dim: int = 64, hidden_dim: int = 128, n_layers: int = 1,
-                 dropout: float = 0.0):
+    def __init__(
+        self,
+        vocab_size: int,
+        *,
+        embed_dim: int = 64,
+        hidden_dim: int = 128,
+        n_layers: int = 1,
+        dropout: float = 0.0,
+    ):
         super().__init__()
         self.vocab_size = check_int("vocab_size", vocab_size, minimum=2)
         embed_dim = check_int("embed_dim", embed_dim, minimum=1)
@@ -38,8 +45,13 @@ class LSTMLanguageModel(nn.Module):
         n_layers = check_int("n_layers", n_layers, minimum=1)
         dropout = check_float("dropout", dropout, minimum=0.0, maximum=0.9)
         self.embed = nn.Embedding(vocab_size, embed_dim)
-        self.lstm = nn.LSTM(embed_dim, hidden_dim, num_layers=n_layers, batch_first=True,
-                            dropout=dropout if n_layers > 1 else 0.0)
+        self.lstm = nn.LSTM(
+            embed_dim,
+            hidden_dim,
+            num_layers=n_layers,
+            batch_first=True,
+            dropout=dropout if n_layers > 1 else 0.0,
+        )
         self.drop = nn.Dropout(dropout)
         self.head = nn.Linear(hidden_dim, vocab_size)
 

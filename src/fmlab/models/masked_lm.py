@@ -63,8 +63,15 @@ class BiGRUMaskedLM(nn.Module):
     ``(E, n, T)`` (each member its own); outputs always carry the leading axis ``E``.
     """
 
-    def __init__(self, vocab_size: int, *, hidden: int = 32, d_ff: int = 64, n_models: int = 1,
-                 generator: torch.Generator | None = None):
+    def __init__(
+        self,
+        vocab_size: int,
+        *,
+        hidden: int = 32,
+        d_ff: int = 64,
+        n_models: int = 1,
+        generator: torch.Generator | None = None,
+    ):
         super().__init__()
         self.vocab_size = V = check_int("vocab_size", vocab_size, minimum=2)
         self.hidden = h = check_int("hidden", hidden, minimum=1)
@@ -73,7 +80,9 @@ class BiGRUMaskedLM(nn.Module):
 
         def uniform(*shape, fan_in):
             bound = fan_in**-0.5
-            return nn.Parameter((torch.rand(*shape, generator=generator) * 2 - 1) * bound)
+            return nn.Parameter(
+                (torch.rand(*shape, generator=generator) * 2 - 1) * bound
+            )
 
         # recurrent part: index 0 of axis 1 reads left to right, index 1 right to left
         self.emb = uniform(E, 2, V, 3 * h, fan_in=h)
@@ -90,13 +99,17 @@ class BiGRUMaskedLM(nn.Module):
     def check_tokens(self, tokens) -> torch.Tensor:
         """Validate token ids (range included); the transforms-friendly methods check shapes only."""
         tokens = self._tokens(tokens)
-        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
+        if tokens.numel() and (
+            int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size
+        ):
             raise ValueError(f"tokens must lie in [0, {self.vocab_size - 1}]")
         return tokens
 
     def _tokens(self, tokens) -> torch.Tensor:
         if not isinstance(tokens, torch.Tensor):
-            raise TypeError(f"tokens must be a torch.Tensor, got {type(tokens).__name__}")
+            raise TypeError(
+                f"tokens must be a torch.Tensor, got {type(tokens).__name__}"
+            )
         if tokens.is_floating_point() or tokens.dtype == torch.bool:
             raise TypeError(f"tokens must have an integer dtype, got {tokens.dtype}")
         if tokens.ndim == 2:
@@ -118,7 +131,9 @@ class BiGRUMaskedLM(nn.Module):
         h = self.hidden
         seq = torch.stack([tok, tok.flip(-1)], dim=1).reshape(E * 2, n * T)  # (2E, nT)
         emb = self.emb.reshape(E * 2, self.vocab_size, 3 * h)
-        a = torch.gather(emb, 1, seq.unsqueeze(-1).expand(-1, -1, 3 * h)).reshape(E * 2, n, T, 3 * h)
+        a = torch.gather(emb, 1, seq.unsqueeze(-1).expand(-1, -1, 3 * h)).reshape(
+            E * 2, n, T, 3 * h
+        )
         U = self.rec.reshape(E * 2, h, 3 * h)
         c = self.rec_bias.reshape(E * 2, 1, 3 * h)
         state = self.h0.reshape(E * 2, 1, h).expand(E * 2, n, h)
@@ -144,8 +159,12 @@ class BiGRUMaskedLM(nn.Module):
         s = self.states(tokens)
         E, _, n, T, h = s.shape
         h0 = self.h0.expand(E, 2, n, h)
-        before = torch.cat([h0[:, 0, :, None], s[:, 0, :, :-1]], dim=2)  # forward state before t
-        after = torch.cat([s[:, 1, :, 1:], h0[:, 1, :, None]], dim=2)  # backward state after t
+        before = torch.cat(
+            [h0[:, 0, :, None], s[:, 0, :, :-1]], dim=2
+        )  # forward state before t
+        after = torch.cat(
+            [s[:, 1, :, 1:], h0[:, 1, :, None]], dim=2
+        )  # backward state after t
         ctx = torch.cat([before, after], dim=-1).reshape(E, n * T, 2 * h)
         u = F.gelu(torch.baddbmm(self.b1, ctx, self.w1))
         return torch.baddbmm(self.b2, u, self.w2).reshape(E, n, T, self.vocab_size)
@@ -153,7 +172,9 @@ class BiGRUMaskedLM(nn.Module):
     def member(self, index: int) -> "BiGRUMaskedLM":
         """A one-member copy of member ``index`` (weights copied)."""
         index = check_int("index", index, minimum=0, maximum=self.n_models - 1)
-        one = BiGRUMaskedLM(self.vocab_size, hidden=self.hidden, d_ff=self.d_ff, n_models=1)
+        one = BiGRUMaskedLM(
+            self.vocab_size, hidden=self.hidden, d_ff=self.d_ff, n_models=1
+        )
         with torch.no_grad():
             for (name, p), q in zip(self.named_parameters(), one.parameters()):
                 q.copy_(p[index : index + 1])
@@ -167,7 +188,9 @@ def masked_lm_logits(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     return model(model.check_tokens(tokens))
 
 
-def member_losses(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+def member_losses(
+    model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor | None = None
+) -> torch.Tensor:
     """Each member's masked-LM loss :math:`\\frac{1}{nT}\\sum_{i,t} -\\log p_\\theta(y_{it} \\mid x_{i,-t})`: ``(E,)``.
 
     The mask position is uniform, and all :math:`T` positions of each sentence are scored
@@ -180,11 +203,15 @@ def member_losses(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor 
     y = tokens if targets is None else check_tensor("targets", targets, integer=True)
     y = y.expand(E, n, T) if y.ndim == 2 else y
     if tuple(y.shape) != (E, n, T):
-        raise ValueError(f"targets must have shape (n, T) or (E, n, T) = ({E}, {n}, {T}), got {tuple(y.shape)}")
+        raise ValueError(
+            f"targets must have shape (n, T) or (E, n, T) = ({E}, {n}, {T}), got {tuple(y.shape)}"
+        )
     nll = F.cross_entropy(logits.reshape(-1, V), y.reshape(-1), reduction="none")
     return nll.reshape(E, n * T).mean(1)
 
 
-def masked_lm_loss(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+def masked_lm_loss(
+    model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor | None = None
+) -> torch.Tensor:
     """The *sum* over members of :func:`member_losses` (a scalar to train all members at once)."""
     return member_losses(model, tokens, targets).sum()

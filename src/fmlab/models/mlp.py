@@ -27,7 +27,9 @@ class MLP(nn.Module):
         super().__init__()
         dims = [check_int("dims", d, minimum=1) for d in dims]
         if len(dims) < 2:
-            raise ValueError(f"dims must list at least an input and an output size, got {dims}")
+            raise ValueError(
+                f"dims must list at least an input and an output size, got {dims}"
+            )
         layers: list[nn.Module] = []
         for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
             layers.append(nn.Linear(a, b))
@@ -56,12 +58,23 @@ class MaskedViewPredictor(nn.Module):
         Number of hidden layers of the encoder (at least 1).
     """
 
-    def __init__(self, dim_a: int, dim_b: int, *, width: int = 64, rep_dim: int = 16, depth: int = 2):
+    def __init__(
+        self,
+        dim_a: int,
+        dim_b: int,
+        *,
+        width: int = 64,
+        rep_dim: int = 16,
+        depth: int = 2,
+    ):
         super().__init__()
         depth = check_int("depth", depth, minimum=1)
         width = check_int("width", width, minimum=1)
         self.encoder = MLP([dim_a] + [width] * depth + [rep_dim], final_activation=True)
-        self.decoder = nn.Linear(check_int("rep_dim", rep_dim, minimum=1), check_int("dim_b", dim_b, minimum=1))
+        self.decoder = nn.Linear(
+            check_int("rep_dim", rep_dim, minimum=1),
+            check_int("dim_b", dim_b, minimum=1),
+        )
 
     def features(self, xa: torch.Tensor) -> torch.Tensor:
         """The representation :math:`\\phi_\\theta(x_A)`, shape ``(n, rep_dim)``."""

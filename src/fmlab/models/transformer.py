@@ -58,7 +58,9 @@ class TransformerConfig:
         check_int("n_layers", self.n_layers, minimum=1)
         check_int("n_heads", self.n_heads, minimum=1)
         if self.d_model % self.n_heads:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+            raise ValueError(
+                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"
+            )
         if not isinstance(self.causal, bool):
             raise TypeError(f"causal must be a bool, got {type(self.causal).__name__}")
         check_float("init_scale", self.init_scale, minimum=0.0, strict_min=True)
@@ -117,13 +119,19 @@ class TinyTransformer(nn.Module):
     def __init__(self, config: TransformerConfig, *, seed: int = 0):
         super().__init__()
         if not isinstance(config, TransformerConfig):
-            raise TypeError(f"config must be a TransformerConfig, got {type(config).__name__}")
+            raise TypeError(
+                f"config must be a TransformerConfig, got {type(config).__name__}"
+            )
         seed = check_int("seed", seed, minimum=0)
         self.config = c = config
-        with torch.random.fork_rng(devices=[]):  # torch's default init must not touch the global stream
+        with torch.random.fork_rng(
+            devices=[]
+        ):  # torch's default init must not touch the global stream
             self.tok = nn.Embedding(c.vocab_size, c.d_model)
             self.pos = nn.Embedding(c.max_len, c.d_model)
-            self.blocks = nn.ModuleList([Block(c.d_model, c.n_heads) for _ in range(c.n_layers)])
+            self.blocks = nn.ModuleList(
+                [Block(c.d_model, c.n_heads) for _ in range(c.n_layers)]
+            )
             self.ln_f = nn.LayerNorm(c.d_model)
             self.decoder = nn.Linear(c.d_model, c.vocab_size)
         g = make_generator(seed)
@@ -131,8 +139,14 @@ class TinyTransformer(nn.Module):
             for name, p in self.named_parameters():
                 if name.endswith("bias") or ".ln" in name or name.startswith("ln_"):
                     continue  # biases start at 0, layer norms at the identity
-                fan_in = p.shape[1] if p.ndim == 2 and "tok" not in name and "pos" not in name else c.d_model
-                p.copy_(torch.randn(p.shape, generator=g) * c.init_scale / math.sqrt(fan_in))
+                fan_in = (
+                    p.shape[1]
+                    if p.ndim == 2 and "tok" not in name and "pos" not in name
+                    else c.d_model
+                )
+                p.copy_(
+                    torch.randn(p.shape, generator=g) * c.init_scale / math.sqrt(fan_in)
+                )
 
     def _allowed(self, tokens: torch.Tensor) -> torch.Tensor:
         """Boolean ``(n, T, T)``: may position ``t`` (row) attend to position ``s`` (column)."""
@@ -141,7 +155,10 @@ class TinyTransformer(nn.Module):
         if self.config.pad_id is not None:
             allowed = allowed & (tokens != self.config.pad_id)[:, None, :]
         if self.config.causal:
-            allowed = allowed & torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril()
+            allowed = (
+                allowed
+                & torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril()
+            )
         # a row with nothing allowed (a padding query in a causal model) attends to itself
         return allowed | torch.eye(T, dtype=torch.bool, device=tokens.device)
 

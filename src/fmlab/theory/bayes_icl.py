@@ -57,7 +57,9 @@ def smooth_transitions(transitions: torch.Tensor, epsilon: float) -> torch.Tenso
     """:math:`(1-\\varepsilon)\\,T + \\varepsilon / H` for transition matrices ``(..., H, H)``."""
     transitions = check_tensor("transitions", transitions, floating=True)
     if transitions.ndim < 2 or transitions.shape[-1] != transitions.shape[-2]:
-        raise ValueError(f"transitions must end in two equal axes (H, H), got shape {tuple(transitions.shape)}")
+        raise ValueError(
+            f"transitions must end in two equal axes (H, H), got shape {tuple(transitions.shape)}"
+        )
     epsilon = check_float("epsilon", epsilon, minimum=0.0, maximum=1.0)
     H = transitions.shape[-1]
     return (1.0 - epsilon) * transitions + epsilon / H
@@ -70,12 +72,16 @@ def _check_hmm(tokens, transitions, emissions, initial):
     transitions = check_tensor("transitions", transitions, ndim=3, floating=True)
     C, H, H2 = transitions.shape
     if H != H2:
-        raise ValueError(f"transitions must have shape (C, H, H), got {tuple(transitions.shape)}")
+        raise ValueError(
+            f"transitions must have shape (C, H, H), got {tuple(transitions.shape)}"
+        )
     emissions = check_tensor("emissions", emissions, floating=True)
     if emissions.ndim == 2:
         emissions = emissions.unsqueeze(0).expand(C, -1, -1)
     if emissions.ndim != 3 or emissions.shape[:2] != (C, H):
-        raise ValueError(f"emissions must have shape (H, V) or (C, H, V) with C={C}, H={H}, got {tuple(emissions.shape)}")
+        raise ValueError(
+            f"emissions must have shape (H, V) or (C, H, V) with C={C}, H={H}, got {tuple(emissions.shape)}"
+        )
     V = emissions.shape[2]
     if tokens.numel() and (tokens.min() < 0 or tokens.max() >= V):
         raise ValueError(f"tokens must lie in [0, {V - 1}]")
@@ -84,7 +90,9 @@ def _check_hmm(tokens, transitions, emissions, initial):
     if initial.ndim == 2:
         initial = initial.unsqueeze(0).expand(B, -1, -1)
     if initial.ndim != 3 or initial.shape != (B, C, H):
-        raise ValueError(f"initial must have shape (C, H) or (B, C, H) with B={B}, C={C}, H={H}, got {tuple(initial.shape)}")
+        raise ValueError(
+            f"initial must have shape (C, H) or (B, C, H) with B={B}, C={C}, H={H}, got {tuple(initial.shape)}"
+        )
     return tokens, transitions, emissions, initial
 
 
@@ -103,7 +111,9 @@ def _forward(tokens, transitions, emissions, initial, prefixes: bool = False):
     lls = [torch.logsumexp(la, dim=2)] if prefixes else None
     for t in range(1, tokens.shape[1]):
         m = la.amax(dim=2, keepdim=True)
-        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))  # all -inf: keep -inf
+        m = torch.where(
+            torch.isfinite(m), m, torch.zeros_like(m)
+        )  # all -inf: keep -inf
         q = torch.bmm(torch.exp(la - m), transitions)  # (C, B, H)
         la = _log(q) + m + logO[:, tokens[:, t]]
         if prefixes:
@@ -111,8 +121,12 @@ def _forward(tokens, transitions, emissions, initial, prefixes: bool = False):
     return (la, torch.stack(lls, dim=2)) if prefixes else la
 
 
-def forward_log_alpha(tokens: torch.Tensor, transitions: torch.Tensor, emissions: torch.Tensor,
-                      initial: torch.Tensor) -> torch.Tensor:
+def forward_log_alpha(
+    tokens: torch.Tensor,
+    transitions: torch.Tensor,
+    emissions: torch.Tensor,
+    initial: torch.Tensor,
+) -> torch.Tensor:
     """:math:`\\log \\alpha_t^c(h)` at the last position ``t``, shape ``(B, C, H)``.
 
     Parameters
@@ -132,7 +146,9 @@ def forward_log_alpha(tokens: torch.Tensor, transitions: torch.Tensor, emissions
 
 def log_likelihood(tokens, transitions, emissions, initial) -> torch.Tensor:
     """:math:`\\log p(o_{1:t} \\mid c)` for every sequence and concept, shape ``(B, C)``."""
-    return torch.logsumexp(forward_log_alpha(tokens, transitions, emissions, initial), dim=2)
+    return torch.logsumexp(
+        forward_log_alpha(tokens, transitions, emissions, initial), dim=2
+    )
 
 
 def prefix_log_likelihoods(tokens, transitions, emissions, initial) -> torch.Tensor:
@@ -143,7 +159,9 @@ def prefix_log_likelihoods(tokens, transitions, emissions, initial) -> torch.Ten
 
 def _predict(la, transitions, emissions):
     """Next-token law per concept from log forward variables ``(C, B, H)``: ``(B, C, V)``."""
-    post_h = torch.softmax(la, dim=2)  # NaN where the sequence is impossible under the concept
+    post_h = torch.softmax(
+        la, dim=2
+    )  # NaN where the sequence is impossible under the concept
     return torch.bmm(torch.bmm(post_h, transitions), emissions).permute(1, 0, 2)
 
 
@@ -152,8 +170,12 @@ def next_token_distribution(tokens, transitions, emissions, initial) -> torch.Te
 
     Rows are NaN for concepts under which the observed sequence has probability zero.
     """
-    tokens, transitions, emissions, initial = _check_hmm(tokens, transitions, emissions, initial)
-    return _predict(_forward(tokens, transitions, emissions, initial), transitions, emissions)
+    tokens, transitions, emissions, initial = _check_hmm(
+        tokens, transitions, emissions, initial
+    )
+    return _predict(
+        _forward(tokens, transitions, emissions, initial), transitions, emissions
+    )
 
 
 @dataclass(frozen=True)
@@ -181,17 +203,24 @@ class BayesPrediction:
         return ~torch.isfinite(self.log_likelihood).any(dim=1)
 
 
-def bayes_posterior_predictive(tokens, transitions, emissions, initial, prior=None) -> BayesPrediction:
+def bayes_posterior_predictive(
+    tokens, transitions, emissions, initial, prior=None
+) -> BayesPrediction:
     """Posterior over concepts and posterior predictive (see the module docstring).
 
     ``prior`` is a ``(C,)`` probability vector (uniform if omitted).
     """
-    tokens, transitions, emissions, initial = _check_hmm(tokens, transitions, emissions, initial)
-    return _posterior_predictive_from_alpha(_forward(tokens, transitions, emissions, initial), transitions,
-                                            emissions, prior)
+    tokens, transitions, emissions, initial = _check_hmm(
+        tokens, transitions, emissions, initial
+    )
+    return _posterior_predictive_from_alpha(
+        _forward(tokens, transitions, emissions, initial), transitions, emissions, prior
+    )
 
 
-def _posterior_predictive_from_alpha(la, transitions, emissions, prior) -> BayesPrediction:
+def _posterior_predictive_from_alpha(
+    la, transitions, emissions, prior
+) -> BayesPrediction:
     C = transitions.shape[0]
     if prior is None:
         prior = torch.full((C,), 1.0 / C, dtype=transitions.dtype)
@@ -200,12 +229,20 @@ def _posterior_predictive_from_alpha(la, transitions, emissions, prior) -> Bayes
     post = torch.softmax(ll + _log(prior.to(ll.dtype)), dim=1)
     per = _predict(la, transitions, emissions)
     pred = torch.einsum("bc,bcv->bv", post, per.nan_to_num(0.0))
-    pred = torch.where(torch.isnan(post).any(1, keepdim=True), torch.full_like(pred, float("nan")), pred)
+    pred = torch.where(
+        torch.isnan(post).any(1, keepdim=True),
+        torch.full_like(pred, float("nan")),
+        pred,
+    )
     return BayesPrediction(ll, post, per, pred)
 
 
-def forward_log_alpha_deterministic(tokens: torch.Tensor, transitions: torch.Tensor,
-                                    state_tokens: torch.Tensor, initial: torch.Tensor) -> torch.Tensor:
+def forward_log_alpha_deterministic(
+    tokens: torch.Tensor,
+    transitions: torch.Tensor,
+    state_tokens: torch.Tensor,
+    initial: torch.Tensor,
+) -> torch.Tensor:
     r""":math:`\log\alpha_t` of :func:`forward_log_alpha` for HMMs whose emission is a function
     of the state (state ``h`` always emits ``state_tokens[h]``), as in GINC.
 
@@ -222,13 +259,17 @@ def forward_log_alpha_deterministic(tokens: torch.Tensor, transitions: torch.Ten
         raise ValueError("tokens must hold at least one position")
     if tokens.numel() and tokens.min() < 0:
         raise ValueError("tokens must be non-negative")
-    V = max(int(state_tokens.max()), int(tokens.max())) + 1  # a token no state emits has empty support
+    V = (
+        max(int(state_tokens.max()), int(tokens.max())) + 1
+    )  # a token no state emits has empty support
     B, T_len = tokens.shape
     initial = check_tensor("initial", initial, floating=True)
     if initial.ndim == 2:
         initial = initial.unsqueeze(0).expand(B, -1, -1)
     if initial.shape != (B, C, H):
-        raise ValueError(f"initial must have shape (C, H) or (B, C, H) with B={B}, C={C}, H={H}, got {tuple(initial.shape)}")
+        raise ValueError(
+            f"initial must have shape (C, H) or (B, C, H) with B={B}, C={C}, H={H}, got {tuple(initial.shape)}"
+        )
     # the support of every token, padded to the largest one
     counts = torch.bincount(state_tokens, minlength=V)
     S = int(counts.max())
@@ -236,28 +277,43 @@ def forward_log_alpha_deterministic(tokens: torch.Tensor, transitions: torch.Ten
     starts = torch.cumsum(counts, 0) - counts
     slot = torch.arange(S)
     valid_v = slot.unsqueeze(0) < counts.unsqueeze(1)  # (V, S)
-    support = torch.where(valid_v, order[(starts.unsqueeze(1) + slot).clamp(max=H - 1)], torch.zeros((), dtype=torch.long))
+    support = torch.where(
+        valid_v,
+        order[(starts.unsqueeze(1) + slot).clamp(max=H - 1)],
+        torch.zeros((), dtype=torch.long),
+    )
     idx = support[tokens]  # (B, T, S) state indices
     valid = valid_v[tokens]  # (B, T, S)
     neg = torch.tensor(float("-inf"), dtype=transitions.dtype)
-    la = _log(initial.permute(1, 0, 2).gather(2, idx[:, 0].unsqueeze(0).expand(C, -1, -1)))
+    la = _log(
+        initial.permute(1, 0, 2).gather(2, idx[:, 0].unsqueeze(0).expand(C, -1, -1))
+    )
     la = torch.where(valid[:, 0].unsqueeze(0), la, neg)  # (C, B, S)
     flatT = transitions.reshape(C, H * H)
     for t in range(1, T_len):
-        pair = (idx[:, t - 1].unsqueeze(2) * H + idx[:, t].unsqueeze(1)).reshape(-1)  # (B*S*S,)
+        pair = (idx[:, t - 1].unsqueeze(2) * H + idx[:, t].unsqueeze(1)).reshape(
+            -1
+        )  # (B*S*S,)
         block = flatT[:, pair].reshape(C, B, S, S)
         m = la.amax(dim=2, keepdim=True)
         m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
         q = torch.einsum("cbi,cbij->cbj", torch.exp(la - m), block)
         la = torch.where(valid[:, t].unsqueeze(0), _log(q) + m, neg)
     out = torch.full((C, B, H), float("-inf"), dtype=transitions.dtype)
-    vb, vs = valid[:, -1].nonzero(as_tuple=True)  # scatter back only the real (not padded) slots
+    vb, vs = valid[:, -1].nonzero(
+        as_tuple=True
+    )  # scatter back only the real (not padded) slots
     out[:, vb, idx[vb, -1, vs]] = la[:, vb, vs]
     return out.permute(1, 0, 2)
 
 
-def ginc_bayes_predictor(world, tokens: torch.Tensor, epsilon: float, concepts="seen",
-                         dtype: torch.dtype = torch.float64) -> BayesPrediction:
+def ginc_bayes_predictor(
+    world,
+    tokens: torch.Tensor,
+    epsilon: float,
+    concepts="seen",
+    dtype: torch.dtype = torch.float64,
+) -> BayesPrediction:
     """The Bayes-optimal in-context predictor of a GINC world's pretraining distribution.
 
     The prior is uniform over ``concepts`` (by default the pretraining concepts), each with
@@ -274,7 +330,9 @@ def ginc_bayes_predictor(world, tokens: torch.Tensor, epsilon: float, concepts="
     T = smooth_transitions(world.transition_matrices(idx), epsilon).to(dtype)
     O = world.emission_matrix().to(dtype)
     tokens, T, O3, mu = _check_hmm(tokens, T, O, world.start_probs[idx].to(dtype))
-    la = forward_log_alpha_deterministic(tokens, T, world.state_tokens, mu).permute(1, 0, 2)  # (C, B, H)
+    la = forward_log_alpha_deterministic(tokens, T, world.state_tokens, mu).permute(
+        1, 0, 2
+    )  # (C, B, H)
     return _posterior_predictive_from_alpha(la, T, O3, None)
 
 
@@ -287,8 +345,12 @@ def log_likelihood_given_state(tokens, transitions, emissions) -> torch.Tensor:
     """
     C = check_tensor("transitions", transitions, ndim=3, floating=True).shape[0]
     H = transitions.shape[1]
-    tokens, transitions, emissions, _ = _check_hmm(tokens, transitions, emissions,
-                                                   torch.full((C, H), 1.0 / H, dtype=transitions.dtype))
+    tokens, transitions, emissions, _ = _check_hmm(
+        tokens,
+        transitions,
+        emissions,
+        torch.full((C, H), 1.0 / H, dtype=transitions.dtype),
+    )
     logO = _log(emissions).permute(0, 2, 1)  # (C, V, H)
     lb = torch.zeros(C, tokens.shape[0], H, dtype=transitions.dtype)
     Tt = transitions.transpose(1, 2)
@@ -300,8 +362,9 @@ def log_likelihood_given_state(tokens, transitions, emissions) -> torch.Tensor:
     return lb.permute(1, 0, 2)
 
 
-def distinguishability(world, example_length: int, epsilon: float, n_segments: int = 200,
-                       seed: int = 0) -> torch.Tensor:
+def distinguishability(
+    world, example_length: int, epsilon: float, n_segments: int = 200, seed: int = 0
+) -> torch.Tensor:
     r"""The sufficient condition of Chapter 6's concentration theorem, estimated by sampling.
 
     For a prompt concept :math:`c^\star` and start property :math:`s_0`, a *segment* is a
@@ -332,7 +395,9 @@ def distinguishability(world, example_length: int, epsilon: float, n_segments: i
     segs = []
     for c in seen.tolist():
         for s0 in range(1, P):
-            pr = world.sample_prompts(n_segments, 0, k, g, concepts=torch.tensor([c]), start_property=s0)
+            pr = world.sample_prompts(
+                n_segments, 0, k, g, concepts=torch.tensor([c]), start_property=s0
+            )
             segs.append(pr.examples[:, 0])
     segs = torch.stack(segs)  # (C, P - 1, n_segments, k)
     delim = torch.full(segs.shape[:-1] + (1,), DELIMITER, dtype=segs.dtype)
@@ -342,5 +407,7 @@ def distinguishability(world, example_length: int, epsilon: float, n_segments: i
     C = len(seen)
     low = lb.amin(dim=2).reshape(C, P - 1, n_segments, C)  # log min_h p_c(seg | h)
     high = lb.amax(dim=2).reshape(C, P - 1, n_segments, C)  # log max_h p_c(seg | h)
-    own = low.diagonal(dim1=0, dim2=3).permute(2, 0, 1)  # (C*, P-1, n): log min_h p_{c*}
+    own = low.diagonal(dim1=0, dim2=3).permute(
+        2, 0, 1
+    )  # (C*, P-1, n): log min_h p_{c*}
     return (own.unsqueeze(-1) - high).mean(dim=2)

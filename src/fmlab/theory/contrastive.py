@@ -43,7 +43,13 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .._validate import check_choice, check_float, check_int, check_same_length, check_tensor
+from .._validate import (
+    check_choice,
+    check_float,
+    check_int,
+    check_same_length,
+    check_tensor,
+)
 
 __all__ = [
     "pointwise_loss",
@@ -94,7 +100,9 @@ def _check_probs(name: str, probs, size: int | None = None) -> torch.Tensor:
     if size is not None and probs.numel() != size:
         raise ValueError(f"{name} must have {size} entries, got {probs.numel()}")
     if bool((probs < 0).any()) or abs(float(probs.sum()) - 1.0) > 1e-9:
-        raise ValueError(f"{name} must be non-negative and sum to 1, got sum {float(probs.sum()):.6g}")
+        raise ValueError(
+            f"{name} must be non-negative and sum to 1, got sum {float(probs.sum()):.6g}"
+        )
     return probs.double()
 
 
@@ -113,32 +121,47 @@ def _check_features_labels(features, labels, n_classes: int | None = None):
         raise ValueError("labels must be non-negative class indices")
     K = int(labels.max()) + 1 if n_classes is None else n_classes
     if int(labels.max()) >= K:
-        raise ValueError(f"labels must be < {K} (the number of classes), got {int(labels.max())}")
+        raise ValueError(
+            f"labels must be < {K} (the number of classes), got {int(labels.max())}"
+        )
     counts = torch.bincount(labels, minlength=K)
     if bool((counts == 0).any()):
-        raise ValueError(f"every class must have at least one point; empty classes: {torch.nonzero(counts == 0).flatten().tolist()}")
+        raise ValueError(
+            f"every class must have at least one point; empty classes: {torch.nonzero(counts == 0).flatten().tolist()}"
+        )
     return features.double(), labels, K
 
 
-def class_means(features: torch.Tensor, labels: torch.Tensor, n_classes: int | None = None) -> torch.Tensor:
+def class_means(
+    features: torch.Tensor, labels: torch.Tensor, n_classes: int | None = None
+) -> torch.Tensor:
     """:math:`\\mu_c`, the mean representation of each class (uniform within the class): ``(K, k)``."""
     f, y, K = _check_features_labels(features, labels, n_classes)
     sums = torch.zeros(K, f.shape[1], dtype=f.dtype).index_add(0, y, f)
     return sums / torch.bincount(y, minlength=K)[:, None].to(f.dtype)
 
 
-def within_class_spread(features: torch.Tensor, labels: torch.Tensor, class_probs: torch.Tensor) -> float:
+def within_class_spread(
+    features: torch.Tensor, labels: torch.Tensor, class_probs: torch.Tensor
+) -> float:
     """:math:`\\mathbb E_{c\\sim\\rho}\\,\\mathbb E_{x\\sim\\mathcal D_c}\\lVert f(x)-\\mu_c\\rVert^2`: the spread that
     makes Jensen's inequality (and hence Arora et al.'s bound) loose."""
     rho = _check_probs("class_probs", class_probs)
     f, y, K = _check_features_labels(features, labels, rho.numel())
     sq = (f - class_means(f, y, K)[y]).pow(2).sum(1)
-    per_class = torch.zeros(K, dtype=f.dtype).index_add(0, y, sq) / torch.bincount(y, minlength=K).to(f.dtype)
+    per_class = torch.zeros(K, dtype=f.dtype).index_add(0, y, sq) / torch.bincount(
+        y, minlength=K
+    ).to(f.dtype)
     return float((rho * per_class).sum())
 
 
-def unsupervised_contrastive_loss(features: torch.Tensor, labels: torch.Tensor, class_probs: torch.Tensor,
-                                  *, loss: str = "logistic") -> torch.Tensor:
+def unsupervised_contrastive_loss(
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    class_probs: torch.Tensor,
+    *,
+    loss: str = "logistic",
+) -> torch.Tensor:
     """The population loss :math:`L_{\\text{un}}(f)` of Arora et al. with one negative, exactly.
 
     Parameters
@@ -168,8 +191,13 @@ def unsupervised_contrastive_loss(features: torch.Tensor, labels: torch.Tensor, 
     return total
 
 
-def mean_classifier_loss(features: torch.Tensor, labels: torch.Tensor, class_probs: torch.Tensor,
-                         *, loss: str = "logistic") -> torch.Tensor:
+def mean_classifier_loss(
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    class_probs: torch.Tensor,
+    *,
+    loss: str = "logistic",
+) -> torch.Tensor:
     """:math:`L^{\\mu}_{\\text{sup}}(f)`: the mean classifier's loss averaged over two-class tasks.
 
     A task is an ordered pair :math:`(c, c')` drawn from :math:`\\rho^2` conditioned on
@@ -183,18 +211,24 @@ def mean_classifier_loss(features: torch.Tensor, labels: torch.Tensor, class_pro
     f, y, K = _check_features_labels(features, labels, rho.numel())
     tau = float(rho.pow(2).sum())
     if tau >= 1.0 - 1e-12:
-        raise ValueError("class_probs puts all mass on one class; there is no two-class task")
+        raise ValueError(
+            "class_probs puts all mass on one class; there is no two-class task"
+        )
     mu = class_means(f, y, K)
     scores = f @ mu.T  # (N, K): f(x)^T mu_c'
     margin = scores.gather(1, y[:, None]) - scores  # f(x)^T (mu_{c(x)} - mu_c')
-    per_point = pointwise_loss(margin, loss)  # (N, K); the column c' = c(x) is excluded below
+    per_point = pointwise_loss(
+        margin, loss
+    )  # (N, K); the column c' = c(x) is excluded below
     pair_prob = rho[y][:, None] * rho[None, :] / (1.0 - tau)
     pair_prob = pair_prob.masked_fill(torch.nn.functional.one_hot(y, K).bool(), 0.0)
     counts = torch.bincount(y, minlength=K).double()
     return (per_point * pair_prob / counts[y][:, None]).sum()
 
 
-def contrastive_bound(unsupervised_loss: float, tau: float, *, loss: str = "logistic") -> float:
+def contrastive_bound(
+    unsupervised_loss: float, tau: float, *, loss: str = "logistic"
+) -> float:
     """The right-hand side :math:`(L_{\\text{un}} - \\tau\\,\\ell(0)) / (1 - \\tau)` of Arora et al.'s bound."""
     if isinstance(unsupervised_loss, torch.Tensor) and unsupervised_loss.numel() == 1:
         unsupervised_loss = float(unsupervised_loss)
@@ -205,12 +239,17 @@ def contrastive_bound(unsupervised_loss: float, tau: float, *, loss: str = "logi
     return (unsupervised_loss - tau * loss_at_zero(loss)) / (1.0 - tau)
 
 
-def contrastive_loss_on_triples(f: torch.Tensor, f_pos: torch.Tensor, f_neg: torch.Tensor,
-                                *, loss: str = "logistic") -> torch.Tensor:
+def contrastive_loss_on_triples(
+    f: torch.Tensor, f_pos: torch.Tensor, f_neg: torch.Tensor, *, loss: str = "logistic"
+) -> torch.Tensor:
     """The empirical loss :math:`\\frac1n\\sum_i \\ell(f(x_i)^\\top(f(x_i^+) - f(x_i^-)))` on a batch."""
     f = check_tensor("f", f, ndim=2, floating=True, finite=False)
-    f_pos = check_tensor("f_pos", f_pos, shape=tuple(f.shape), floating=True, finite=False)
-    f_neg = check_tensor("f_neg", f_neg, shape=tuple(f.shape), floating=True, finite=False)
+    f_pos = check_tensor(
+        "f_pos", f_pos, shape=tuple(f.shape), floating=True, finite=False
+    )
+    f_neg = check_tensor(
+        "f_neg", f_neg, shape=tuple(f.shape), floating=True, finite=False
+    )
     return pointwise_loss((f * (f_pos - f_neg)).sum(1), loss).mean()
 
 
@@ -230,13 +269,23 @@ class CurlTerms:
 
 
 @torch.no_grad()
-def curl_terms(features: torch.Tensor, labels: torch.Tensor, class_probs: torch.Tensor,
-               *, loss: str = "logistic") -> CurlTerms:
+def curl_terms(
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    class_probs: torch.Tensor,
+    *,
+    loss: str = "logistic",
+) -> CurlTerms:
     """:math:`L_{\\text{un}}`, :math:`L^{\\mu}_{\\text{sup}}` and the bound, all exact."""
     tau = collision_probability(class_probs)
     un = float(unsupervised_contrastive_loss(features, labels, class_probs, loss=loss))
     mc = float(mean_classifier_loss(features, labels, class_probs, loss=loss))
-    return CurlTerms(unsupervised=un, mean_classifier=mc, bound=contrastive_bound(un, tau, loss=loss), tau=tau)
+    return CurlTerms(
+        unsupervised=un,
+        mean_classifier=mc,
+        bound=contrastive_bound(un, tau, loss=loss),
+        tau=tau,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -252,9 +301,13 @@ def _check_weights(weights) -> torch.Tensor:
     if float((W - W.T).abs().max()) > 1e-10 * max(float(W.abs().max()), 1e-300):
         raise ValueError("weights must be symmetric")
     if abs(float(W.sum()) - 1.0) > 1e-8:
-        raise ValueError(f"weights must sum to 1 (a distribution over positive pairs), got {float(W.sum()):.6g}")
+        raise ValueError(
+            f"weights must sum to 1 (a distribution over positive pairs), got {float(W.sum()):.6g}"
+        )
     if bool((W.sum(1) <= 0).any()):
-        raise ValueError("every point must have positive weight (no isolated zero-probability points)")
+        raise ValueError(
+            "every point must have positive weight (no isolated zero-probability points)"
+        )
     return W
 
 
@@ -265,7 +318,9 @@ def normalized_adjacency(weights: torch.Tensor) -> torch.Tensor:
     return s[:, None] * W * s[None, :]
 
 
-def spectral_contrastive_loss(features: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+def spectral_contrastive_loss(
+    features: torch.Tensor, weights: torch.Tensor
+) -> torch.Tensor:
     """The population spectral contrastive loss :math:`L_{\\text{spec}}(f)`, exactly.
 
     ``features`` is ``(N, k)``: :math:`f(x)` at every vertex. Returns a 0-dim tensor in the
@@ -274,7 +329,9 @@ def spectral_contrastive_loss(features: torch.Tensor, weights: torch.Tensor) -> 
     W = _check_weights(weights)
     f = check_tensor("features", features, ndim=2, floating=True)
     if f.shape[0] != W.shape[0]:
-        raise ValueError(f"features must have {W.shape[0]} rows (one per vertex), got {f.shape[0]}")
+        raise ValueError(
+            f"features must have {W.shape[0]} rows (one per vertex), got {f.shape[0]}"
+        )
     W = W.to(f.dtype)
     wx = W.sum(1)
     attract = (f * (W @ f)).sum()
@@ -289,7 +346,9 @@ def spectral_loss_on_pairs(f: torch.Tensor, f_pos: torch.Tensor) -> torch.Tensor
     for :math:`i \\ne j`, :math:`x_i` and :math:`x_j^+` are independent draws from the marginal.
     """
     f = check_tensor("f", f, ndim=2, floating=True, finite=False)
-    f_pos = check_tensor("f_pos", f_pos, shape=tuple(f.shape), floating=True, finite=False)
+    f_pos = check_tensor(
+        "f_pos", f_pos, shape=tuple(f.shape), floating=True, finite=False
+    )
     n = f.shape[0]
     if n < 2:
         raise ValueError(f"f must hold at least 2 pairs, got {n}")
@@ -326,8 +385,9 @@ def spectral_minimizer(weights: torch.Tensor, k: int) -> SpectralMinimizer:
     return SpectralMinimizer(features=f, eigenvalues=nu, loss=-float(top.pow(2).sum()))
 
 
-def minimize_spectral_loss(weights: torch.Tensor, k: int, generator: torch.Generator,
-                           *, max_iter: int = 2000) -> torch.Tensor:
+def minimize_spectral_loss(
+    weights: torch.Tensor, k: int, generator: torch.Generator, *, max_iter: int = 2000
+) -> torch.Tensor:
     """Minimise :math:`L_{\\text{spec}}` over *all* functions on the vertices by L-BFGS.
 
     Starts from a random ``(N, k)`` table drawn from ``generator`` and hands the loss and its
@@ -341,7 +401,9 @@ def minimize_spectral_loss(weights: torch.Tensor, k: int, generator: torch.Gener
     k = check_int("k", k, minimum=1, maximum=W.shape[0])
     max_iter = check_int("max_iter", max_iter, minimum=1)
     if not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+        raise TypeError(
+            f"generator must be a torch.Generator, got {type(generator).__name__}"
+        )
     shape = (W.shape[0], k)
     start = 0.5 * torch.randn(shape, generator=generator, dtype=torch.float64)
 
@@ -351,12 +413,19 @@ def minimize_spectral_loss(weights: torch.Tensor, k: int, generator: torch.Gener
         loss.backward()
         return float(loss.detach()), f.grad.numpy().ravel().astype(np.float64)
 
-    res = minimize(fun, start.numpy().ravel(), jac=True, method="L-BFGS-B",
-                   options={"maxiter": max_iter, "ftol": 1e-15, "gtol": 1e-12, "maxcor": 30})
+    res = minimize(
+        fun,
+        start.numpy().ravel(),
+        jac=True,
+        method="L-BFGS-B",
+        options={"maxiter": max_iter, "ftol": 1e-15, "gtol": 1e-12, "maxcor": 30},
+    )
     return torch.from_numpy(res.x.reshape(shape)).clone()
 
 
-def subspace_distance(features_a: torch.Tensor, features_b: torch.Tensor, probs: torch.Tensor) -> float:
+def subspace_distance(
+    features_a: torch.Tensor, features_b: torch.Tensor, probs: torch.Tensor
+) -> float:
     """Frobenius distance of the orthogonal projections onto the column spans of
     :math:`D^{1/2} f_a` and :math:`D^{1/2} f_b` (``probs`` is :math:`w_x`): 0 iff the two
     representations are invertible linear maps of each other."""
@@ -381,7 +450,9 @@ def laplacian_eigenvalues(weights: torch.Tensor) -> torch.Tensor:
 def _check_graph_labels(W: torch.Tensor, labels) -> torch.Tensor:
     labels = check_tensor("labels", labels, ndim=1, integer=True)
     if labels.numel() != W.shape[0]:
-        raise ValueError(f"labels must have {W.shape[0]} entries (one per vertex), got {labels.numel()}")
+        raise ValueError(
+            f"labels must have {W.shape[0]} entries (one per vertex), got {labels.numel()}"
+        )
     if int(labels.min()) < 0:
         raise ValueError("labels must be non-negative class indices")
     return labels
@@ -409,11 +480,18 @@ class ProbeResult:
 
     mse: float  # min over (B, b) of E ||onehot(y) - B f(x) - b||^2
     error: float  # Pr[argmax (B f(x) + b) != y] for that head
-    prediction: torch.Tensor = field(repr=False)  # (N,) argmax (B f(x) + b) at every point
+    prediction: torch.Tensor = field(
+        repr=False
+    )  # (N,) argmax (B f(x) + b) at every point
 
 
-def linear_probe_loss(features: torch.Tensor, labels: torch.Tensor, probs: torch.Tensor | None = None,
-                      *, bias: bool = True) -> ProbeResult:
+def linear_probe_loss(
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    probs: torch.Tensor | None = None,
+    *,
+    bias: bool = True,
+) -> ProbeResult:
     """Minimal adaptation loss of a linear probe with squared loss on one-hot labels.
 
     Solves the weighted least-squares problem
@@ -428,7 +506,11 @@ def linear_probe_loss(features: torch.Tensor, labels: torch.Tensor, probs: torch
         raise ValueError("features must have at least one row")
     if int(y.min()) < 0:
         raise ValueError("labels must be non-negative class indices")
-    p = torch.full((n,), 1.0 / n, dtype=torch.float64) if probs is None else _check_probs("probs", probs, n)
+    p = (
+        torch.full((n,), 1.0 / n, dtype=torch.float64)
+        if probs is None
+        else _check_probs("probs", probs, n)
+    )
     if not isinstance(bias, bool):
         raise TypeError(f"bias must be a bool, got {type(bias).__name__}")
     X = torch.cat([f, torch.ones(n, 1, dtype=torch.float64)], 1) if bias else f

@@ -48,12 +48,16 @@ class Decomposition:
         return self.minimal_loss + self.generalization_error
 
 
-def decompose_adaptation_loss(empirical: Moments, population: Moments, c0: float) -> Decomposition:
+def decompose_adaptation_loss(
+    empirical: Moments, population: Moments, c0: float
+) -> Decomposition:
     """Solve both constrained problems exactly and return every term of eq. (6)."""
     if not isinstance(empirical, Moments):
         raise TypeError(f"empirical must be a Moments, got {type(empirical).__name__}")
     if not isinstance(population, Moments):
-        raise TypeError(f"population must be a Moments, got {type(population).__name__}")
+        raise TypeError(
+            f"population must be a Moments, got {type(population).__name__}"
+        )
     if empirical.b.shape != population.b.shape:
         raise ValueError(
             f"empirical and population must have the same feature size, got {tuple(empirical.b.shape)} "
@@ -61,8 +65,14 @@ def decompose_adaptation_loss(empirical: Moments, population: Moments, c0: float
         )
     g_task = ball_constrained_least_squares(empirical, c0)
     g_star = ball_constrained_least_squares(population, c0)
-    L_task, Lhat_task = quadratic_loss(g_task, population), quadratic_loss(g_task, empirical)
-    L_star, Lhat_star = quadratic_loss(g_star, population), quadratic_loss(g_star, empirical)
+    L_task, Lhat_task = (
+        quadratic_loss(g_task, population),
+        quadratic_loss(g_task, empirical),
+    )
+    L_star, Lhat_star = (
+        quadratic_loss(g_star, population),
+        quadratic_loss(g_star, empirical),
+    )
     return Decomposition(
         adapted_loss=L_task,
         minimal_loss=L_star,
@@ -79,7 +89,9 @@ def spearman(x: torch.Tensor, y: torch.Tensor) -> float:
     x = check_tensor("x", x, ndim=1, floating=True)
     y = check_tensor("y", y, ndim=1, floating=True)
     if x.shape != y.shape or x.numel() < 2:
-        raise ValueError(f"x and y must have the same length >= 2, got {x.numel()} and {y.numel()}")
+        raise ValueError(
+            f"x and y must have the same length >= 2, got {x.numel()} and {y.numel()}"
+        )
 
     def ranks(v):
         v = v.double()

@@ -72,7 +72,13 @@ class DyckSolution:
     w2: torch.Tensor
 
     def params(self) -> dict[str, torch.Tensor]:
-        return {"wq": self.wq, "wk": self.wk, "wv": self.wv, "w1": self.w1, "w2": self.w2}
+        return {
+            "wq": self.wq,
+            "wk": self.wk,
+            "wv": self.wv,
+            "w1": self.w1,
+            "w2": self.w2,
+        }
 
     @property
     def n_neurons(self) -> int:
@@ -84,7 +90,10 @@ def balanced_sentences(n: int) -> torch.Tensor:
     n = check_int("n", n, minimum=2)
     if n % 2:
         raise ValueError(f"n must be even, got {n}")
-    rows = [[1.0 if j in ups else -1.0 for j in range(n)] for ups in itertools.combinations(range(n), n // 2)]
+    rows = [
+        [1.0 if j in ups else -1.0 for j in range(n)]
+        for ups in itertools.combinations(range(n), n // 2)
+    ]
     return torch.tensor(rows, dtype=torch.float64)
 
 
@@ -109,7 +118,9 @@ def masked_inputs(n: int) -> tuple[torch.Tensor, torch.Tensor]:
 def downstream_inputs(n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """All ``2^n`` unmasked sign sequences, encoded ``(2^n, n, 2n)``, and :math:`\\tau(x) = \\sum_j x_j`."""
     n = check_int("n", n, minimum=1)
-    seqs = torch.tensor(list(itertools.product([1.0, -1.0], repeat=n)), dtype=torch.float64)
+    seqs = torch.tensor(
+        list(itertools.product([1.0, -1.0], repeat=n)), dtype=torch.float64
+    )
     eye = torch.eye(2 * n, dtype=torch.float64)
     X = seqs[:, :, None] * eye[:n][None]
     return X, seqs.sum(1)
@@ -142,7 +153,9 @@ def transferable_solution(n: int) -> DyckSolution:
     ones = torch.cat([torch.ones(n), torch.zeros(n)]).double()
     w1 = torch.stack([ones, -ones])
     w2 = torch.tensor([-float(n), float(n)], dtype=torch.float64)
-    return DyckSolution(_zeros(n), _zeros(n), torch.eye(2 * n, dtype=torch.float64), w1, w2)
+    return DyckSolution(
+        _zeros(n), _zeros(n), torch.eye(2 * n, dtype=torch.float64), w1, w2
+    )
 
 
 def memorizing_solution(n: int, m: int, generator: torch.Generator) -> DyckSolution:
@@ -150,9 +163,17 @@ def memorizing_solution(n: int, m: int, generator: torch.Generator) -> DyckSolut
     n = check_int("n", n, minimum=2)
     m = check_int("m", m, minimum=1)
     if not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+        raise TypeError(
+            f"generator must be a torch.Generator, got {type(generator).__name__}"
+        )
     w1 = torch.randn(m, 2 * n, generator=generator, dtype=torch.float64)
-    sol = DyckSolution(_zeros(n), _zeros(n), torch.eye(2 * n, dtype=torch.float64), w1, torch.zeros(m, dtype=torch.float64))
+    sol = DyckSolution(
+        _zeros(n),
+        _zeros(n),
+        torch.eye(2 * n, dtype=torch.float64),
+        w1,
+        torch.zeros(m, dtype=torch.float64),
+    )
     X, y = masked_inputs(n)
     Phi = neurons(sol.params(), X)
     sol.w2 = torch.linalg.lstsq(Phi, y[:, None], driver="gelsd").solution[:, 0]
@@ -200,8 +221,13 @@ def rebalance(sol: DyckSolution) -> DyckSolution:
     s = (P * Q).sqrt().sum()
     alpha = (R / s) ** (1.0 / 3.0)
     c = (alpha * (Q / P).sqrt()).sqrt()
-    return DyckSolution(sol.wq.clone(), sol.wk.clone(), alpha * sol.wv, sol.w1[alive] * (c / alpha)[:, None],
-                        sol.w2[alive] / c)
+    return DyckSolution(
+        sol.wq.clone(),
+        sol.wk.clone(),
+        alpha * sol.wv,
+        sol.w1[alive] * (c / alpha)[:, None],
+        sol.w2[alive] / c,
+    )
 
 
 def exact_trace(sol: DyckSolution) -> float:
@@ -215,10 +241,14 @@ def exact_trace(sol: DyckSolution) -> float:
     n = sol.wv.shape[0] // 2
     X, _ = masked_inputs(n)
     gs = vmap(grad(lambda p, x: dyck_forward(p, x)), in_dims=(None, 0))(sol.params(), X)
-    return float(2 * sum(t.reshape(t.shape[0], -1).pow(2).sum(1) for t in gs.values()).mean())
+    return float(
+        2 * sum(t.reshape(t.shape[0], -1).pow(2).sum(1) for t in gs.values()).mean()
+    )
 
 
-def downstream_error(sol: DyckSolution, n_train: int, generator: torch.Generator) -> float:
+def downstream_error(
+    sol: DyckSolution, n_train: int, generator: torch.Generator
+) -> float:
     """Population squared error of predicting :math:`\\tau(x)` with a minimum-norm linear head on the neurons.
 
     ``n_train`` sequences are drawn uniformly (with replacement) from the ``2^n``; the head
@@ -228,7 +258,9 @@ def downstream_error(sol: DyckSolution, n_train: int, generator: torch.Generator
     n = sol.wv.shape[0] // 2
     n_train = check_int("n_train", n_train, minimum=1)
     X, tau = downstream_inputs(n)
-    Phi = torch.cat([neurons(sol.params(), X), torch.ones(len(X), 1, dtype=torch.float64)], 1)
+    Phi = torch.cat(
+        [neurons(sol.params(), X), torch.ones(len(X), 1, dtype=torch.float64)], 1
+    )
     idx = torch.randint(len(X), (n_train,), generator=generator)
     head = torch.linalg.pinv(Phi[idx], rtol=1e-10) @ tau[idx]
     return float((Phi @ head - tau).pow(2).mean() / n)

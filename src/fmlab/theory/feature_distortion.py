@@ -98,10 +98,16 @@ class LinearShiftConfig:
         m = check_int("id_dim", self.id_dim, minimum=1, maximum=d - 1)
         check_int("n", self.n, minimum=m)
         if k > m or k > d - m:
-            raise ValueError(f"rank must be <= id_dim and <= dim - id_dim, got rank={k}, id_dim={m}, dim={d}")
+            raise ValueError(
+                f"rank must be <= id_dim and <= dim - id_dim, got rank={k}, id_dim={m}, dim={d}"
+            )
         if 2 * k > d:
-            raise ValueError(f"rank must be <= dim / 2 (B0 tilts B_star into k new directions), got rank={k}, dim={d}")
-        check_float("feature_error", self.feature_error, minimum=0.0, maximum=math.pi / 2)
+            raise ValueError(
+                f"rank must be <= dim / 2 (B0 tilts B_star into k new directions), got rank={k}, dim={d}"
+            )
+        check_float(
+            "feature_error", self.feature_error, minimum=0.0, maximum=math.pi / 2
+        )
         check_float("shift_angle", self.shift_angle, minimum=0.0, maximum=math.pi / 2)
         check_float("head_scale", self.head_scale, minimum=0.0)
         check_int("seed", self.seed, minimum=0)
@@ -137,7 +143,9 @@ def make_linear_shift_problem(config: LinearShiftConfig) -> LinearShiftProblem:
     :math:`v_0 \\sim N(0, \\sigma_0^2 I)` with :math:`\\sigma_0` = ``head_scale``.
     """
     if not isinstance(config, LinearShiftConfig):
-        raise TypeError(f"config must be a LinearShiftConfig, got {type(config).__name__}")
+        raise TypeError(
+            f"config must be a LinearShiftConfig, got {type(config).__name__}"
+        )
     c = config
     g = make_generator(c.seed)
     d, k, m = c.dim, c.rank, c.id_dim
@@ -155,14 +163,25 @@ def make_linear_shift_problem(config: LinearShiftConfig) -> LinearShiftProblem:
     y = X @ B_star.T @ v_star
     ca, sa = math.cos(c.shift_angle), math.sin(c.shift_angle)
     sigma_ood = ca**2 * P_S + sa**2 * (torch.eye(d, dtype=dt) - P_S)
-    return LinearShiftProblem(X=X, y=y, B_star=B_star, v_star=v_star, B0=B0, v0=v0, P_S=P_S, sigma_ood=sigma_ood)
+    return LinearShiftProblem(
+        X=X,
+        y=y,
+        B_star=B_star,
+        v_star=v_star,
+        B0=B0,
+        v0=v0,
+        P_S=P_S,
+        sigma_ood=sigma_ood,
+    )
 
 
 def subspace_distance(B: torch.Tensor, B_star: torch.Tensor) -> float:
     """:math:`\\lVert P_{B} - P_{B_\\star}\\rVert_2`, the sine of the largest principal angle
     between the row spaces of ``B`` and ``B_star`` (both ``(k, d)`` of full row rank)."""
     B = check_tensor("B", B, ndim=2, floating=True).double()
-    B_star = check_tensor("B_star", B_star, shape=(None, B.shape[1]), floating=True).double()
+    B_star = check_tensor(
+        "B_star", B_star, shape=(None, B.shape[1]), floating=True
+    ).double()
 
     def proj(M):
         q, _ = torch.linalg.qr(M.T)
@@ -175,7 +194,9 @@ def _end_to_end_error(v, B, B_star, v_star):
     return B.transpose(-1, -2) @ v.unsqueeze(-1) - (B_star.T @ v_star).unsqueeze(-1)
 
 
-def id_loss(problem: LinearShiftProblem, v: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+def id_loss(
+    problem: LinearShiftProblem, v: torch.Tensor, B: torch.Tensor
+) -> torch.Tensor:
     """:math:`L_{\\text{id}} = \\frac1n\\lVert X(B^\\top v - B_\\star^\\top v_\\star)\\rVert^2`.
 
     ``v`` has shape ``(..., k)`` and ``B`` shape ``(..., k, d)``; returns shape ``(...)``.
@@ -186,7 +207,9 @@ def id_loss(problem: LinearShiftProblem, v: torch.Tensor, B: torch.Tensor) -> to
     return (w @ problem.X.T).pow(2).mean(-1)
 
 
-def ood_loss(problem: LinearShiftProblem, v: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+def ood_loss(
+    problem: LinearShiftProblem, v: torch.Tensor, B: torch.Tensor
+) -> torch.Tensor:
     """:math:`L_{\\text{ood}} = w^\\top\\Sigma_{\\text{ood}} w` with :math:`w = B^\\top v - B_\\star^\\top v_\\star`.
 
     The exact expectation of :math:`(f_{v,B}(x) - y)^2` over OOD inputs with second moment
@@ -218,7 +241,9 @@ def loss_gradients(X: torch.Tensor, y: torch.Tensor, v: torch.Tensor, B: torch.T
     return grad_v, grad_B
 
 
-def linear_probe_head(X: torch.Tensor, y: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+def linear_probe_head(
+    X: torch.Tensor, y: torch.Tensor, B: torch.Tensor
+) -> torch.Tensor:
     """LP: the minimum-norm least-squares head :math:`v_{\\text{lp}} = (XB^\\top)^{+} y` on fixed features.
 
     Shapes: ``X (..., n, d)``, ``y (..., n)``, ``B (..., k, d)``; returns ``(..., k)``.
@@ -227,11 +252,17 @@ def linear_probe_head(X: torch.Tensor, y: torch.Tensor, B: torch.Tensor) -> torc
     y = check_tensor("y", y, floating=True)
     B = check_tensor("B", B, floating=True)
     if X.ndim < 2 or B.ndim < 2:
-        raise ValueError(f"X and B must have at least 2 dimensions, got shapes {tuple(X.shape)} and {tuple(B.shape)}")
+        raise ValueError(
+            f"X and B must have at least 2 dimensions, got shapes {tuple(X.shape)} and {tuple(B.shape)}"
+        )
     if B.shape[-1] != X.shape[-1]:
-        raise ValueError(f"B must have {X.shape[-1]} columns (the input dimension of X), got shape {tuple(B.shape)}")
+        raise ValueError(
+            f"B must have {X.shape[-1]} columns (the input dimension of X), got shape {tuple(B.shape)}"
+        )
     if y.shape != X.shape[:-1]:
-        raise ValueError(f"y must have shape {tuple(X.shape[:-1])}, got {tuple(y.shape)}")
+        raise ValueError(
+            f"y must have shape {tuple(X.shape[:-1])}, got {tuple(y.shape)}"
+        )
     F = X.double() @ B.double().transpose(-1, -2)  # (..., n, k)
     return (torch.linalg.pinv(F) @ y.double().unsqueeze(-1)).squeeze(-1)
 
@@ -267,15 +298,23 @@ def gradient_flow(
     B = check_tensor("B0", B0, floating=True).double()
     dt = check_float("dt", dt, minimum=0.0, strict_min=True)
     if X.ndim < 2 or B.ndim != v.ndim + 1 or B.shape[:-1] != v.shape:
-        raise ValueError(f"v0 (..., k) and B0 (..., k, d) do not match: {tuple(v.shape)} and {tuple(B.shape)}")
+        raise ValueError(
+            f"v0 (..., k) and B0 (..., k, d) do not match: {tuple(v.shape)} and {tuple(B.shape)}"
+        )
     if B.shape[-1] != X.shape[-1] or y.shape != X.shape[:-1]:
         raise ValueError(
             f"X (..., n, d), y (..., n) and B0 (..., k, d) do not match: "
             f"{tuple(X.shape)}, {tuple(y.shape)}, {tuple(B.shape)}"
         )
     times = torch.as_tensor(times, dtype=torch.float64).flatten()
-    if times.numel() == 0 or bool((times < 0).any()) or bool((times[1:] < times[:-1]).any()):
-        raise ValueError("times must be a non-empty, non-decreasing sequence of numbers >= 0")
+    if (
+        times.numel() == 0
+        or bool((times < 0).any())
+        or bool((times[1:] < times[:-1]).any())
+    ):
+        raise ValueError(
+            "times must be a non-empty, non-decreasing sequence of numbers >= 0"
+        )
     if not bool(torch.isfinite(times).all()):
         raise ValueError("times must be finite")
     marks = torch.round(times / dt).long()
@@ -305,13 +344,17 @@ def conserved_quantity(v: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
     v = check_tensor("v", v, floating=True)
     B = check_tensor("B", B, floating=True)
     if B.shape[:-1] != v.shape:
-        raise ValueError(f"v (..., k) and B (..., k, d) do not match: {tuple(v.shape)} and {tuple(B.shape)}")
+        raise ValueError(
+            f"v (..., k) and B (..., k, d) do not match: {tuple(v.shape)} and {tuple(B.shape)}"
+        )
     return v.unsqueeze(-1) * v.unsqueeze(-2) - B @ B.transpose(-1, -2)
 
 
 def _check_problem(problem):
     if not isinstance(problem, LinearShiftProblem):
-        raise TypeError(f"problem must be a LinearShiftProblem, got {type(problem).__name__}")
+        raise TypeError(
+            f"problem must be a LinearShiftProblem, got {type(problem).__name__}"
+        )
 
 
 def _check_vB(problem, v, B):
@@ -321,7 +364,9 @@ def _check_vB(problem, v, B):
     if v.ndim < 1 or v.shape[-1] != k:
         raise ValueError(f"v must have last dimension {k}, got shape {tuple(v.shape)}")
     if B.shape[-2:] != (k, d) or B.shape[:-2] != v.shape[:-1]:
-        raise ValueError(f"B must have shape (..., {k}, {d}) matching v, got {tuple(B.shape)}")
+        raise ValueError(
+            f"B must have shape (..., {k}, {d}) matching v, got {tuple(B.shape)}"
+        )
     return v, B
 
 
@@ -349,7 +394,15 @@ class DistortionSweep:
     lpft: Trajectory | None = None  # LP-FT states, same layout
 
 
-def distortion_sweep(base: LinearShiftConfig, feature_errors, shift_angles, seeds, times, *, dt: float = 0.01) -> DistortionSweep:
+def distortion_sweep(
+    base: LinearShiftConfig,
+    feature_errors,
+    shift_angles,
+    seeds,
+    times,
+    *,
+    dt: float = 0.01,
+) -> DistortionSweep:
     """Run LP (closed form), FT and LP-FT (gradient flow) for every feature error and seed.
 
     Each ``(feature_error, seed)`` is one instance of ``base`` with those two fields
@@ -360,12 +413,28 @@ def distortion_sweep(base: LinearShiftConfig, feature_errors, shift_angles, seed
 
     if not isinstance(base, LinearShiftConfig):
         raise TypeError(f"base must be a LinearShiftConfig, got {type(base).__name__}")
-    eps = tuple(check_float("feature_errors", e, minimum=0.0, maximum=math.pi / 2) for e in feature_errors)
-    alphas = tuple(check_float("shift_angles", a, minimum=0.0, maximum=math.pi / 2) for a in shift_angles)
+    eps = tuple(
+        check_float("feature_errors", e, minimum=0.0, maximum=math.pi / 2)
+        for e in feature_errors
+    )
+    alphas = tuple(
+        check_float("shift_angles", a, minimum=0.0, maximum=math.pi / 2)
+        for a in shift_angles
+    )
     seeds = tuple(check_int("seeds", s, minimum=0) for s in seeds)
     if not (eps and alphas and seeds):
-        raise ValueError("feature_errors, shift_angles and seeds must each hold at least one value")
-    probs = [[make_linear_shift_problem(dataclasses.replace(base, feature_error=e, seed=s)) for s in seeds] for e in eps]
+        raise ValueError(
+            "feature_errors, shift_angles and seeds must each hold at least one value"
+        )
+    probs = [
+        [
+            make_linear_shift_problem(
+                dataclasses.replace(base, feature_error=e, seed=s)
+            )
+            for s in seeds
+        ]
+        for e in eps
+    ]
     flat = [p for row in probs for p in row]
     X = torch.stack([p.X for p in flat])
     y = torch.stack([p.y for p in flat])
@@ -374,9 +443,17 @@ def distortion_sweep(base: LinearShiftConfig, feature_errors, shift_angles, seed
     ft = gradient_flow(X, y, torch.stack([p.v0 for p in flat]), B0, times, dt=dt)
     lpft = gradient_flow(X, y, v_lp, B0, times, dt=dt)
     E, A, S, T = len(eps), len(alphas), len(seeds), ft.times.numel()
-    out = {k: torch.empty(shape, dtype=torch.float64) for k, shape in (
-        ("lp_id", (E, S)), ("lp_ood", (E, A, S)), ("ft_id", (E, S, T)), ("ft_ood", (E, A, S, T)),
-        ("lpft_id", (E, S, T)), ("lpft_ood", (E, A, S, T)))}
+    out = {
+        k: torch.empty(shape, dtype=torch.float64)
+        for k, shape in (
+            ("lp_id", (E, S)),
+            ("lp_ood", (E, A, S)),
+            ("ft_id", (E, S, T)),
+            ("ft_ood", (E, A, S, T)),
+            ("lpft_id", (E, S, T)),
+            ("lpft_ood", (E, A, S, T)),
+        )
+    }
     for i in range(E):
         for j in range(S):
             b = i * S + j
@@ -386,9 +463,19 @@ def distortion_sweep(base: LinearShiftConfig, feature_errors, shift_angles, seed
             out["lpft_id"][i, j] = id_loss(base_p, lpft.v[:, b], lpft.B[:, b])
             for a, alpha in enumerate(alphas):
                 ca, sa = math.cos(alpha), math.sin(alpha)
-                p = dataclasses.replace(base_p, sigma_ood=ca**2 * base_p.P_S + sa**2 * base_p.P_perp)
+                p = dataclasses.replace(
+                    base_p, sigma_ood=ca**2 * base_p.P_S + sa**2 * base_p.P_perp
+                )
                 out["lp_ood"][i, a, j] = ood_loss(p, v_lp[b], B0[b])
                 out["ft_ood"][i, a, j] = ood_loss(p, ft.v[:, b], ft.B[:, b])
                 out["lpft_ood"][i, a, j] = ood_loss(p, lpft.v[:, b], lpft.B[:, b])
-    return DistortionSweep(feature_errors=eps, shift_angles=alphas, seeds=seeds, times=ft.times, **out,
-                           problems=tuple(flat), ft=ft, lpft=lpft)
+    return DistortionSweep(
+        feature_errors=eps,
+        shift_angles=alphas,
+        seeds=seeds,
+        times=ft.times,
+        **out,
+        problems=tuple(flat),
+        ft=ft,
+        lpft=lpft,
+    )

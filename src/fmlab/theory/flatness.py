@@ -84,22 +84,30 @@ def _unflatten_like(vec: torch.Tensor, params: Params) -> dict[str, torch.Tensor
     return out
 
 
-def hvp(loss_fn: Callable[[Params], torch.Tensor], params: Params, v: Params) -> dict[str, torch.Tensor]:
+def hvp(
+    loss_fn: Callable[[Params], torch.Tensor], params: Params, v: Params
+) -> dict[str, torch.Tensor]:
     """Hessian-vector product :math:`Hv` by forward-over-reverse differentiation."""
     _check_loss_fn(loss_fn)
     params = _check_params(params)
     return jvp(grad(loss_fn), (params,), (dict(v),))[1]
 
 
-def hessian_matrix(loss_fn: Callable[[Params], torch.Tensor], params: Params) -> torch.Tensor:
+def hessian_matrix(
+    loss_fn: Callable[[Params], torch.Tensor], params: Params
+) -> torch.Tensor:
     """The full Hessian as a ``(P, P)`` matrix (for small models and tests)."""
     _check_loss_fn(loss_fn)
     params = _check_params(params)
     flat = flatten(params)
-    return torch.autograd.functional.hessian(lambda w: loss_fn(_unflatten_like(w, params)), flat)
+    return torch.autograd.functional.hessian(
+        lambda w: loss_fn(_unflatten_like(w, params)), flat
+    )
 
 
-def hessian_trace_exact(loss_fn: Callable[[Params], torch.Tensor], params: Params, *, chunk: int = 256) -> float:
+def hessian_trace_exact(
+    loss_fn: Callable[[Params], torch.Tensor], params: Params, *, chunk: int = 256
+) -> float:
     """:math:`\\operatorname{tr}\\nabla^2 L` exactly: :math:`\\sum_i e_i^\\top H e_i`, ``chunk`` HVPs at a time.
 
     Costs one HVP per parameter, so it is the slow reference that Hutchinson's estimator
@@ -165,7 +173,9 @@ def hutchinson_trace(
         groups = check_int("groups", groups, minimum=1)
         for k, t in params.items():
             if t.ndim == 0 or t.shape[0] != groups:
-                raise ValueError(f"groups={groups} needs params[{k!r}] to have leading axis {groups}")
+                raise ValueError(
+                    f"groups={groups} needs params[{k!r}] to have leading axis {groups}"
+                )
     g = generator if generator is not None else make_generator(0)
 
     def quad(v):
@@ -176,7 +186,10 @@ def hutchinson_trace(
     draws = []
     for start in range(0, n_probes, chunk):
         m = min(chunk, n_probes - start)
-        v = {k: (torch.randint(0, 2, (m, *t.shape), generator=g).to(t.dtype) * 2 - 1) for k, t in params.items()}
+        v = {
+            k: (torch.randint(0, 2, (m, *t.shape), generator=g).to(t.dtype) * 2 - 1)
+            for k, t in params.items()
+        }
         draws.append(batched(v))
     d = torch.cat(draws)  # (n_probes, groups or 1)
     total = d.sum(1)
@@ -226,7 +239,9 @@ def fisher_trace(
         raise TypeError("log_prob_fn and logits_fn must be callable")
     params = _check_params(params)
     if not isinstance(inputs, torch.Tensor) or inputs.ndim < 1 or inputs.shape[0] < 2:
-        raise ValueError("inputs must be a tensor with at least 2 examples along axis 0")
+        raise ValueError(
+            "inputs must be a tensor with at least 2 examples along axis 0"
+        )
     n_labels = check_int("n_labels", n_labels, minimum=1)
     g = generator if generator is not None else make_generator(0)
     with torch.no_grad():
@@ -234,7 +249,9 @@ def fisher_trace(
     per_example = vmap(grad(log_prob_fn), in_dims=(None, 0, 0 if groups is None else 1))
     draws = []
     for _ in range(n_labels):
-        y = torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, generator=g).reshape(probs.shape[:-1])
+        y = torch.multinomial(
+            probs.reshape(-1, probs.shape[-1]), 1, generator=g
+        ).reshape(probs.shape[:-1])
         gs = per_example(params, inputs, y)  # each (n, *param.shape)
         n = inputs.shape[0]
         if groups is None:
@@ -249,7 +266,9 @@ def fisher_trace(
         stderr=float(total.std() / total.numel() ** 0.5),
         n=int(total.numel()),
         per_group=d.mean(0) if groups is not None else None,
-        per_group_stderr=d.std(0) / total.numel() ** 0.5 if groups is not None else None,
+        per_group_stderr=d.std(0) / total.numel() ** 0.5
+        if groups is not None
+        else None,
     )
 
 
@@ -271,7 +290,9 @@ def fisher_trace_exact(
         probs = torch.softmax(logits_fn(params, inputs), dim=-1)
     n, C = probs.shape
     w = torch.full((n,), 1.0 / n, dtype=probs.dtype) if weights is None else weights
-    per = vmap(vmap(grad(log_prob_fn), in_dims=(None, None, 0)), in_dims=(None, 0, None))
+    per = vmap(
+        vmap(grad(log_prob_fn), in_dims=(None, None, 0)), in_dims=(None, 0, None)
+    )
     gs = per(params, inputs, torch.arange(C))  # (n, C, ...)
     sq = sum(t.reshape(n, C, -1).pow(2).sum(2) for t in gs.values())
     return float((w[:, None] * probs * sq).sum())
@@ -292,7 +313,11 @@ def gradient_covariance(
     """
     params = _check_params(params)
     n = inputs.shape[0]
-    w = torch.full((n,), 1.0 / n, dtype=torch.float64) if weights is None else weights.double()
+    w = (
+        torch.full((n,), 1.0 / n, dtype=torch.float64)
+        if weights is None
+        else weights.double()
+    )
     gs = vmap(grad(loss_example_fn), in_dims=(None, 0, 0))(params, inputs, labels)
     G = torch.cat([t.reshape(n, -1) for t in gs.values()], dim=1).double()
     mean = w @ G
@@ -303,9 +328,13 @@ def gradient_covariance(
 def bartlett_gap(covariance: torch.Tensor, hessian: torch.Tensor) -> float:
     """Relative Frobenius distance :math:`\\lVert\\Sigma - H\\rVert_F / \\lVert H\\rVert_F`."""
     if covariance.shape != hessian.shape:
-        raise ValueError(f"covariance and hessian must have the same shape, got {tuple(covariance.shape)} "
-                         f"and {tuple(hessian.shape)}")
-    return float((covariance.double() - hessian.double()).norm() / hessian.double().norm())
+        raise ValueError(
+            f"covariance and hessian must have the same shape, got {tuple(covariance.shape)} "
+            f"and {tuple(hessian.shape)}"
+        )
+    return float(
+        (covariance.double() - hessian.double()).norm() / hessian.double().norm()
+    )
 
 
 # ---------------------------------------------------------------------------------
@@ -329,8 +358,15 @@ class BartlettCheck:
     relative_gap: float
 
 
-def bartlett_check(*, shift: float = 0.0, seed: int = 0, inputs: int = 6, hidden: int = 4,
-                   classes: int = 3, dim: int = 3) -> BartlettCheck:
+def bartlett_check(
+    *,
+    shift: float = 0.0,
+    seed: int = 0,
+    inputs: int = 6,
+    hidden: int = 4,
+    classes: int = 3,
+    dim: int = 3,
+) -> BartlettCheck:
     """Lemma 4.2 of Liu et al. (2023) on a tiny well-specified classifier, computed exactly.
 
     A one-hidden-layer tanh network :math:`p_\\theta(y\\mid x)` with random weights
@@ -358,6 +394,11 @@ def bartlett_check(*, shift: float = 0.0, seed: int = 0, inputs: int = 6, hidden
     xs = X.repeat_interleave(classes, 0)
     ys = torch.arange(classes).repeat(inputs)
     weights = (truth / inputs).reshape(-1)
-    mean, cov = gradient_covariance(lambda p, x, y: -_tanh_log_prob(p, x, y), params, xs, ys, weights)
-    H = hessian_matrix(lambda p: -(truth * torch.log_softmax(_tanh_logits(p, X), -1)).sum(1).mean(), params)
+    mean, cov = gradient_covariance(
+        lambda p, x, y: -_tanh_log_prob(p, x, y), params, xs, ys, weights
+    )
+    H = hessian_matrix(
+        lambda p: -(truth * torch.log_softmax(_tanh_logits(p, X), -1)).sum(1).mean(),
+        params,
+    )
     return BartlettCheck(cov, H, float(mean.norm()), bartlett_gap(cov, H))

@@ -92,7 +92,9 @@ def _single_output_fn(model: nn.Module):
     frozen = _frozen_state(model)
 
     def f(params, xi):
-        return functional_call(model, {**params, **frozen}, (xi.unsqueeze(0),)).squeeze(0)
+        return functional_call(model, {**params, **frozen}, (xi.unsqueeze(0),)).squeeze(
+            0
+        )
 
     return f
 
@@ -108,17 +110,23 @@ def _jacobian_chunks(model: nn.Module, x: torch.Tensor, chunk_size: int):
     params = trainable_params(model)
     per_example = vmap(jacrev(_single_output_fn(model)), in_dims=(None, 0))
     for start in range(0, x.shape[0], chunk_size):
-        jac = per_example(params, x[start : start + chunk_size])  # name -> (c, *out, *param)
+        jac = per_example(
+            params, x[start : start + chunk_size]
+        )  # name -> (c, *out, *param)
         blocks = []
         for name, value in jac.items():
             out_shape = value.shape[: value.ndim - params[name].ndim]  # (c,) or (c, m)
             if len(out_shape) > 2:
-                raise ValueError(f"model must return (n,) or (n, m) outputs, got per-example shape {tuple(out_shape[1:])}")
+                raise ValueError(
+                    f"model must return (n,) or (n, m) outputs, got per-example shape {tuple(out_shape[1:])}"
+                )
             blocks.append(value.reshape(*out_shape, -1))
         yield blocks
 
 
-def jacobian(model: nn.Module, x: torch.Tensor, *, chunk_size: int = 64) -> torch.Tensor:
+def jacobian(
+    model: nn.Module, x: torch.Tensor, *, chunk_size: int = 64
+) -> torch.Tensor:
     """Per-example gradients of the outputs with respect to the trainable parameters.
 
     Parameters
@@ -140,7 +148,13 @@ def jacobian(model: nn.Module, x: torch.Tensor, *, chunk_size: int = 64) -> torc
     chunk_size = check_int("chunk_size", chunk_size, minimum=1)
     if x.shape[0] == 0:
         raise ValueError("x must hold at least one example")
-    return torch.cat([torch.cat(blocks, dim=-1) for blocks in _jacobian_chunks(model, x, chunk_size)], dim=0)
+    return torch.cat(
+        [
+            torch.cat(blocks, dim=-1)
+            for blocks in _jacobian_chunks(model, x, chunk_size)
+        ],
+        dim=0,
+    )
 
 
 def _as_rows(jac: torch.Tensor) -> torch.Tensor:
@@ -154,7 +168,9 @@ def _reshape_kernel(k: torch.Tensor, n1: int, n2: int, m: int | None) -> torch.T
     return k.reshape(n1, m, n2, m).permute(0, 2, 1, 3)  # (n1, n2, m, m)
 
 
-def _sided(blocks: list[torch.Tensor], kernels: list[str]) -> dict[bool, list[torch.Tensor] | None]:
+def _sided(
+    blocks: list[torch.Tensor], kernels: list[str]
+) -> dict[bool, list[torch.Tensor] | None]:
     """Rows of each Jacobian block (key ``False``) and, if some kernel needs them, their
     signs (key ``True``), indexed as the sign flags of :data:`KERNELS`."""
     rows = [_as_rows(b) for b in blocks]
@@ -162,7 +178,9 @@ def _sided(blocks: list[torch.Tensor], kernels: list[str]) -> dict[bool, list[to
     return {False: rows, True: [r.sign() for r in rows] if need_sign else None}
 
 
-def _kernel_block(left: dict, right: dict, kernels: list[str]) -> dict[str, torch.Tensor]:
+def _kernel_block(
+    left: dict, right: dict, kernels: list[str]
+) -> dict[str, torch.Tensor]:
     """Sum over parameters of the row Gram products: one block of every requested kernel."""
     out = {}
     for name in kernels:
@@ -215,19 +233,33 @@ def empirical_kernels(
     if x2 is not None:
         x2 = check_tensor("x2", x2, finite=False)
         if x2.shape[1:] != x1.shape[1:]:
-            raise ValueError(f"x1 and x2 must have the same example shape, got {tuple(x1.shape)} and {tuple(x2.shape)}")
+            raise ValueError(
+                f"x1 and x2 must have the same example shape, got {tuple(x1.shape)} and {tuple(x2.shape)}"
+            )
         if x2.shape[0] == 0:
             raise ValueError("x2 must hold at least one example")
     right_blocks = list(_jacobian_chunks(model, x1 if x2 is None else x2, chunk_size))
     m = right_blocks[0][0].shape[1] if right_blocks[0][0].ndim == 3 else None
     right = [_sided(blocks, kernels) for blocks in right_blocks]
-    left = right if x2 is None else (_sided(blocks, kernels) for blocks in _jacobian_chunks(model, x1, chunk_size))
+    left = (
+        right
+        if x2 is None
+        else (
+            _sided(blocks, kernels)
+            for blocks in _jacobian_chunks(model, x1, chunk_size)
+        )
+    )
     rows = []
     for chunk in left:
         cols = [_kernel_block(chunk, r, kernels) for r in right]
-        rows.append({name: torch.cat([c[name] for c in cols], dim=1) for name in kernels})
+        rows.append(
+            {name: torch.cat([c[name] for c in cols], dim=1) for name in kernels}
+        )
     n1, n2 = x1.shape[0], (x1 if x2 is None else x2).shape[0]
-    return {name: _reshape_kernel(torch.cat([r[name] for r in rows]), n1, n2, m) for name in kernels}
+    return {
+        name: _reshape_kernel(torch.cat([r[name] for r in rows]), n1, n2, m)
+        for name in kernels
+    }
 
 
 def _check_kernel_names(kernels) -> list[str]:
@@ -252,20 +284,32 @@ def kernels_from_jacobians(
     j1 = check_tensor("j1", j1, floating=True, finite=False)
     j2 = check_tensor("j2", j2, floating=True, finite=False)
     if j1.ndim not in (2, 3) or j1.ndim != j2.ndim or j1.shape[1:] != j2.shape[1:]:
-        raise ValueError(f"j1 and j2 must both be (n, P) or (n, m, P) with equal trailing sizes, got {tuple(j1.shape)} and {tuple(j2.shape)}")
+        raise ValueError(
+            f"j1 and j2 must both be (n, P) or (n, m, P) with equal trailing sizes, got {tuple(j1.shape)} and {tuple(j2.shape)}"
+        )
     m = j1.shape[1] if j1.ndim == 3 else None
     blocks = _kernel_block(_sided([j1], kernels), _sided([j2], kernels), kernels)
-    return {name: _reshape_kernel(k, j1.shape[0], j2.shape[0], m) for name, k in blocks.items()}
+    return {
+        name: _reshape_kernel(k, j1.shape[0], j2.shape[0], m)
+        for name, k in blocks.items()
+    }
 
 
 def empirical_ntk(
-    model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, *, kernel: str = "sgd", chunk_size: int = 64
+    model: nn.Module,
+    x1: torch.Tensor,
+    x2: torch.Tensor | None = None,
+    *,
+    kernel: str = "sgd",
+    chunk_size: int = 64,
 ) -> torch.Tensor:
     """One gradient kernel (default: the eNTK :math:`\\langle g(x), g(x')\\rangle`); see
     :func:`empirical_kernels`."""
     if not isinstance(kernel, str):
         raise TypeError(f"kernel must be a string, got {type(kernel).__name__}")
-    return empirical_kernels(model, x1, x2, kernels=(kernel,), chunk_size=chunk_size)[kernel]
+    return empirical_kernels(model, x1, x2, kernels=(kernel,), chunk_size=chunk_size)[
+        kernel
+    ]
 
 
 def empirical_ntk_autograd_loop(
@@ -288,8 +332,17 @@ def empirical_ntk_autograd_loop(
             out = model(x[i : i + 1]).reshape(-1)
             m = out.numel()
             for j in range(m):
-                g = torch.autograd.grad(out[j], params, retain_graph=j + 1 < m, allow_unused=True)
-                grads.append(torch.cat([(gi if gi is not None else torch.zeros_like(p)).reshape(-1) for gi, p in zip(g, params)]))
+                g = torch.autograd.grad(
+                    out[j], params, retain_graph=j + 1 < m, allow_unused=True
+                )
+                grads.append(
+                    torch.cat(
+                        [
+                            (gi if gi is not None else torch.zeros_like(p)).reshape(-1)
+                            for gi, p in zip(g, params)
+                        ]
+                    )
+                )
         return torch.stack(grads), m
 
     r1, m = rows(x1)
@@ -300,7 +353,9 @@ def empirical_ntk_autograd_loop(
     return _reshape_kernel(k, n1, n2, None if probe.ndim == 1 else m)
 
 
-def linearized_outputs(model0: nn.Module, model1: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def linearized_outputs(
+    model0: nn.Module, model1: nn.Module, x: torch.Tensor
+) -> torch.Tensor:
     """The first-order Taylor model at :math:`\\theta_0` evaluated at :math:`\\theta_1`:
 
     .. math:: f_{\\text{lin}}(x) = f(x;\\theta_0) + \\langle \\nabla_\\theta f(x;\\theta_0), \\theta_1 - \\theta_0\\rangle,
@@ -313,14 +368,18 @@ def linearized_outputs(model0: nn.Module, model1: nn.Module, x: torch.Tensor) ->
     x = check_tensor("x", x, finite=False)
     p0, p1 = trainable_params(model0), trainable_params(model1)
     if p0.keys() != p1.keys() or any(p0[k].shape != p1[k].shape for k in p0):
-        raise ValueError("model0 and model1 must have the same trainable parameters (names and shapes)")
+        raise ValueError(
+            "model0 and model1 must have the same trainable parameters (names and shapes)"
+        )
     frozen = _frozen_state(model0)
     names = list(p0)
 
     def f(*values):
         return functional_call(model0, {**dict(zip(names, values)), **frozen}, (x,))
 
-    out, tangent_out = jvp(f, tuple(p0[k] for k in names), tuple(p1[k] - p0[k] for k in names))
+    out, tangent_out = jvp(
+        f, tuple(p0[k] for k in names), tuple(p1[k] - p0[k] for k in names)
+    )
     return (out + tangent_out).detach()
 
 
@@ -380,14 +439,25 @@ def fit_kernel_logistic(
     if not bool(((y == 1) | (y == -1)).all()):
         raise ValueError("y must hold labels in {-1, +1}")
     reg = check_float("reg", reg, minimum=0.0, strict_min=True)
-    f0 = torch.zeros(n, dtype=torch.float64) if f0 is None else check_tensor("f0", f0, shape=(n,), floating=True).double()
-    s = k if penalty is None else check_tensor("penalty", penalty, shape=(n, n), floating=True).double()
+    f0 = (
+        torch.zeros(n, dtype=torch.float64)
+        if f0 is None
+        else check_tensor("f0", f0, shape=(n,), floating=True).double()
+    )
+    s = (
+        k
+        if penalty is None
+        else check_tensor("penalty", penalty, shape=(n, n), floating=True).double()
+    )
     max_iter = check_int("max_iter", max_iter, minimum=1)
     alpha = torch.zeros(n, dtype=torch.float64)
     jitter = 1e-12 * float(s.diagonal().abs().mean() + k.abs().max()) + 1e-300
 
     def objective(a):
-        return float(torch.nn.functional.softplus(-y * (f0 + k @ a)).mean() + 0.5 * reg * a @ s @ a)
+        return float(
+            torch.nn.functional.softplus(-y * (f0 + k @ a)).mean()
+            + 0.5 * reg * a @ s @ a
+        )
 
     value = objective(alpha)
     for _ in range(max_iter):
@@ -395,7 +465,11 @@ def fit_kernel_logistic(
         p = torch.sigmoid(-margin)  # -dloss/dmargin
         grad = k.T @ (-y * p) / n + reg * s @ alpha
         w = p * (1 - p)
-        hess = k.T @ (w[:, None] * k) / n + reg * s + jitter * torch.eye(n, dtype=torch.float64)
+        hess = (
+            k.T @ (w[:, None] * k) / n
+            + reg * s
+            + jitter * torch.eye(n, dtype=torch.float64)
+        )
         step = torch.linalg.lstsq(hess, grad[:, None]).solution[:, 0]
         t = 1.0
         while t > 1e-8:  # backtracking line search keeps Newton monotone
@@ -413,13 +487,20 @@ def fit_kernel_logistic(
     return alpha
 
 
-def kernel_predict(k_test_train: torch.Tensor, alpha: torch.Tensor, f0_test: torch.Tensor | None = None) -> torch.Tensor:
+def kernel_predict(
+    k_test_train: torch.Tensor, alpha: torch.Tensor, f0_test: torch.Tensor | None = None
+) -> torch.Tensor:
     """:math:`f(x) = f_0(x) + \\sum_i \\alpha_i K(x, x_i)` for each test input (float64)."""
     k = check_tensor("k_test_train", k_test_train, ndim=2, floating=True).double()
     alpha = check_tensor("alpha", alpha, shape=(k.shape[1],), floating=True).double()
     out = k @ alpha
     if f0_test is not None:
-        out = out + check_tensor("f0_test", f0_test, shape=(k.shape[0],), floating=True).double()
+        out = (
+            out
+            + check_tensor(
+                "f0_test", f0_test, shape=(k.shape[0],), floating=True
+            ).double()
+        )
     return out
 
 
@@ -449,10 +530,18 @@ def lora_projected_kernel(
     -------
     Tensor ``(n1, n2)``.
     """
-    if not isinstance(grads1, Mapping) or not isinstance(grads2, Mapping) or not isinstance(projections, Mapping):
-        raise TypeError("grads1, grads2 and projections must be mappings from layer name to tensor")
+    if (
+        not isinstance(grads1, Mapping)
+        or not isinstance(grads2, Mapping)
+        or not isinstance(projections, Mapping)
+    ):
+        raise TypeError(
+            "grads1, grads2 and projections must be mappings from layer name to tensor"
+        )
     if not (set(grads1) == set(grads2) == set(projections)) or not grads1:
-        raise ValueError("grads1, grads2 and projections must have the same, non-empty, set of layer names")
+        raise ValueError(
+            "grads1, grads2 and projections must have the same, non-empty, set of layer names"
+        )
     total = None
     for name, a in projections.items():
         a = check_tensor(f"projections[{name!r}]", a, ndim=2, floating=True)
@@ -469,7 +558,9 @@ def lora_projected_kernel(
     return total
 
 
-def time_entk(model: nn.Module, x: torch.Tensor, *, chunk_size: int = 64, repeats: int = 3) -> dict[str, float]:
+def time_entk(
+    model: nn.Module, x: torch.Tensor, *, chunk_size: int = 64, repeats: int = 3
+) -> dict[str, float]:
     """Time the ``torch.func`` eNTK against the per-example autograd loop on the same inputs.
 
     Both compute :math:`K(x_i, x_j)` for all pairs in ``x``. A warm-up call on two examples

@@ -64,7 +64,9 @@ class ManifoldModel:
     def __post_init__(self):
         p = check_tensor("p_star", self.p_star, ndim=1, floating=True)
         if p.numel() < 2 or bool((p <= 0).any()) or abs(float(p.sum()) - 1) > 1e-9:
-            raise ValueError("p_star must be a positive probability vector with at least 2 entries")
+            raise ValueError(
+                "p_star must be a positive probability vector with at least 2 entries"
+            )
 
     @property
     def c(self) -> torch.Tensor:
@@ -100,7 +102,9 @@ def hessian_trace_uv(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return (p * (1 - p) * (u**2 + v**2)).sum(-1)
 
 
-def excess_loss_uv(u: torch.Tensor, v: torch.Tensor, p_star: torch.Tensor) -> torch.Tensor:
+def excess_loss_uv(
+    u: torch.Tensor, v: torch.Tensor, p_star: torch.Tensor
+) -> torch.Tensor:
     """:math:`L(\\theta) - L^\\star = \\mathrm{KL}(p^\\star \\,\\|\\, p_\\theta)` (batched over rows)."""
     p = _probs(u, v)
     ps = p_star.to(p.dtype)
@@ -157,12 +161,16 @@ def sgd_on_manifold_model(
     steps = check_int("steps", steps, minimum=1)
     record_every = check_int("record_every", record_every, minimum=1, maximum=steps)
     if not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+        raise TypeError(
+            f"generator must be a torch.Generator, got {type(generator).__name__}"
+        )
     R = lr.shape[0]
     u0, v0 = model.point(s0)
     u, v = u0.expand(R, -1).clone(), v0.expand(R, -1).clone()
     p_star = model.p_star.double()
-    cond = p_star / torch.flip(torch.flip(p_star, [0]).cumsum(0), [0])  # p_k / (p_k + ... + p_K)
+    cond = p_star / torch.flip(
+        torch.flip(p_star, [0]).cumsum(0), [0]
+    )  # p_k / (p_k + ... + p_K)
     rec_steps, rec_tr, rec_ex, rec_s = [], [], [], []
 
     def record(k):
@@ -192,7 +200,9 @@ def sgd_on_manifold_model(
     )
 
 
-def flow_trace(model: ManifoldModel, s0: torch.Tensor, t: torch.Tensor, batch: float) -> torch.Tensor:
+def flow_trace(
+    model: ManifoldModel, s0: torch.Tensor, t: torch.Tensor, batch: float
+) -> torch.Tensor:
     """The predicted :math:`\\operatorname{tr} H` along the limiting flow at times ``t`` (:math:`t = \\eta^2 \\times` steps).
 
     :math:`\\sum_k 2F_{kk}|c_k|\\cosh 2s_k(t)` with :math:`\\sinh 2s_k(t) = \\sinh 2s_k(0)e^{-F_{kk}t/B}`.
@@ -201,7 +211,9 @@ def flow_trace(model: ManifoldModel, s0: torch.Tensor, t: torch.Tensor, batch: f
         raise TypeError(f"model must be a ManifoldModel, got {type(model).__name__}")
     K = model.p_star.numel()
     s0 = check_tensor("s0", s0, shape=(K - 1,), floating=True).double()
-    t = check_tensor("t", torch.as_tensor(t, dtype=torch.float64), ndim=1, floating=True)
+    t = check_tensor(
+        "t", torch.as_tensor(t, dtype=torch.float64), ndim=1, floating=True
+    )
     batch = check_float("batch", batch, minimum=0.0, strict_min=True)
     F = model.fisher_diag
     s = 0.5 * torch.asinh(torch.sinh(2 * s0) * torch.exp(-F * t[:, None] / batch))
