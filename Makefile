@@ -16,7 +16,7 @@ export FMLAB_PROGRESS = 0
 export OMP_NUM_THREADS ?= 1
 export PYDEVD_DISABLE_FILE_VALIDATION = 1
 
-.PHONY: book test clean
+.PHONY: book test seeds clean
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,10 @@ book: $(STAMP)
 
 test: book
 	$(BIN)/python -m pytest tests notebooks --nbval-lax --nbval-current-env
+
+# The robustness run (not part of test): every chapter at seed offsets 1-4.
+seeds: $(STAMP)
+	$(BIN)/python scripts/check_seeds.py $(SEEDS_ARGS)
 
 clean:
 	rm -rf _build .jupyter_cache

@@ -1,10 +1,173 @@
-"""Small fixes to the rendered pages of the book, as a local Sphinx extension.
+"""The book's own Sphinx extension.
 
-- Drop script tags that appear twice on a page. sphinx-thebe registers its inline
-  configuration (``const THEBE_JS_URL = ...``) twice with Sphinx 7.4, once with the file
-  name ``None`` and once with ``''``; a second ``const`` declaration is a JavaScript error
-  in the browser, and tests/test_browser.py requires pages that log no errors.
+- **Claims index.** Every ``fmlab.claim`` shown in an executed chapter carries its record
+  (statement, kind, key, evidence, value) in a ``data-fmlab-claim`` attribute of its HTML
+  output. While Sphinx reads a page (a freshly executed notebook or one from the execution
+  cache alike), this extension collects those records. The directive
+  ``{fmlab-claims-index}`` renders them, by chapter, each linking to the verified line in
+  its chapter, and at the end of the build every record is written to
+  ``_build/claims.json``.
+- **Duplicate scripts.** sphinx-thebe registers its inline configuration
+  (``const THEBE_JS_URL = ...``) twice with Sphinx 7.4, once with the file name ``None``
+  and once with ``''``; a second ``const`` declaration is a JavaScript error in the
+  browser, and tests/test_browser.py requires pages that log no errors. Script tags that
+  appear twice on a page are dropped.
 """
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from pathlib import Path
+
+from docutils import nodes
+from sphinx.util.docutils import SphinxDirective
+
+_DATA = re.compile(r'data-fmlab-claim="([^"]*)"')
+
+
+class claims_index_placeholder(nodes.General, nodes.Element):
+    """Replaced by the claims tables once every page has been read."""
+
+
+class ClaimsIndexDirective(SphinxDirective):
+    has_content = False
+
+    def run(self):
+        self.env.fmlab_claims_index_docs = getattr(self.env, "fmlab_claims_index_docs", set())
+        self.env.fmlab_claims_index_docs.add(self.env.docname)
+        return [claims_index_placeholder()]
+
+
+def _collect(app, doctree):
+    env = app.env
+    if not hasattr(env, "fmlab_claims"):
+        env.fmlab_claims = {}
+    found = []
+    for node in doctree.findall(nodes.raw):
+        if "html" not in node.get("format", ""):
+            continue
+        for match in _DATA.finditer(node.astext()):
+            found.append(json.loads(html.unescape(match.group(1))))
+    if found:
+        env.fmlab_claims[env.docname] = found
+    else:
+        env.fmlab_claims.pop(env.docname, None)
+
+
+def _purge(app, env, docname):
+    getattr(env, "fmlab_claims", {}).pop(docname, None)
+    getattr(env, "fmlab_claims_index_docs", set()).discard(docname)
+
+
+def _merge(app, env, docnames, other):
+    env.fmlab_claims = getattr(env, "fmlab_claims", {})
+    env.fmlab_claims.update(getattr(other, "fmlab_claims", {}))
+    env.fmlab_claims_index_docs = getattr(env, "fmlab_claims_index_docs", set())
+    env.fmlab_claims_index_docs |= getattr(other, "fmlab_claims_index_docs", set())
+
+
+def _always_outdated(app, env, added, changed, removed):
+    # the index page shows what the chapters produced: rebuild it whenever it is built
+    return sorted(getattr(env, "fmlab_claims_index_docs", set()))
+
+
+def _chapters(env):
+    """Documents with claims, in the reading order of the table of contents."""
+    claims = getattr(env, "fmlab_claims", {})
+    order = []
+    root = env.config.root_doc
+
+    def walk(doc):
+        for child in env.toctree_includes.get(doc, []):
+            if child not in order:
+                order.append(child)
+                walk(child)
+
+    walk(root)
+    ordered = [d for d in order if d in claims]
+    return ordered + sorted(d for d in claims if d not in ordered)
+
+
+def _chapter_label(env, docname):
+    number = env.toc_secnumbers.get(docname, {}).get("")
+    title = env.titles[docname].astext() if docname in env.titles else docname
+    return (".".join(map(str, number)) + ". " if number else "") + title
+
+
+def _resolve(app, doctree, fromdocname):
+    env = app.env
+    for placeholder in list(doctree.findall(claims_index_placeholder)):
+        content = []
+        for docname in _chapters(env):
+            records = env.fmlab_claims[docname]
+            uri = app.builder.get_relative_uri(fromdocname, docname)
+            section = nodes.section(ids=[f"claims-{nodes.make_id(docname)}"])
+            title = nodes.title()
+            title += nodes.reference("", _chapter_label(env, docname), internal=True, refuri=uri)
+            section += title
+            counts = {k: sum(r["kind"] == k for r in records) for k in ("finding", "check")}
+            section += nodes.paragraph(
+                text=f"{len(records)} claims: {counts['finding']} findings, {counts['check']} checks."
+            )
+            table = nodes.table(classes=["fmlab-claims-index"])
+            group = nodes.tgroup(cols=4)
+            table += group
+            for width in (6, 12, 50, 32):
+                group += nodes.colspec(colwidth=width)
+            head = nodes.thead()
+            row = nodes.row()
+            for label in ("", "kind", "claim", "evidence"):
+                row += nodes.entry("", nodes.paragraph(text=label))
+            head += row
+            group += head
+            body = nodes.tbody()
+            for r in records:
+                row = nodes.row()
+                row += nodes.entry("", nodes.paragraph(text="✔" if r["verified"] else "✘"))
+                row += nodes.entry("", nodes.paragraph(text=r["kind"]))
+                para = nodes.paragraph()
+                para += nodes.reference(
+                    "", r["statement"], internal=True, refuri=f"{uri}#{r['anchor']}"
+                )
+                if r.get("key"):
+                    para += nodes.Text(" ")
+                    para += nodes.literal(text=r["key"])
+                row += nodes.entry("", para)
+                row += nodes.entry("", nodes.paragraph(text=r["evidence"]))
+                body += row
+            group += body
+            section += table
+            content.append(section)
+        if not content:
+            content = [nodes.paragraph(text="No chapter has been executed yet.")]
+        placeholder.replace_self(content)
+
+
+def _write_json(app, exception):
+    if exception is not None or app.builder.format != "html":
+        return
+    env = app.env
+    rows = []
+    for docname in _chapters(env):
+        page = app.builder.get_target_uri(docname)
+        for r in env.fmlab_claims[docname]:
+            rows.append(
+                {
+                    "chapter": _chapter_label(env, docname),
+                    "document": docname,
+                    "key": r.get("key"),
+                    "kind": r["kind"],
+                    "statement": r["statement"],
+                    "verified": r["verified"],
+                    "evidence": r["evidence"],
+                    "value": r.get("value"),
+                    "link": f"{page}#{r['anchor']}",
+                }
+            )
+    out = Path(app.outdir).parent / "claims.json"
+    out.write_text(json.dumps(rows, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def _dedupe_scripts(app, pagename, templatename, context, doctree):
@@ -22,5 +185,13 @@ def _dedupe_scripts(app, pagename, templatename, context, doctree):
 
 
 def setup(app):
+    app.add_node(claims_index_placeholder)
+    app.add_directive("fmlab-claims-index", ClaimsIndexDirective)
+    app.connect("doctree-read", _collect)
+    app.connect("env-purge-doc", _purge)
+    app.connect("env-merge-info", _merge)
+    app.connect("env-get-outdated", _always_outdated)
+    app.connect("doctree-resolved", _resolve)
+    app.connect("build-finished", _write_json)
     app.connect("html-page-context", _dedupe_scripts, priority=900)
-    return {"parallel_read_safe": True, "parallel_write_safe": True}
+    return {"parallel_read_safe": True, "parallel_write_safe": True, "env_version": 2}

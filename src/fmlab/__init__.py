@@ -11,8 +11,16 @@ from .adapt import (
     quadratic_loss,
     second_moments,
 )
-from .claims import ClaimFailed, claim, claims_table, reset_claims
-from .repro import config_hash, get_device, make_generator, seed_everything, single_threaded
+from .claims import ClaimFailed, SeedEffect, claim, claims_table, finding, reset_claims
+from .repro import (
+    config_hash,
+    effective_seed,
+    get_device,
+    make_generator,
+    seed_everything,
+    seed_offset,
+    single_threaded,
+)
 from .train import cache_dir, cached, progress, train
 from .viz import PALETTE, fig_to_png, slider_figure, use_style
 
@@ -26,13 +34,17 @@ __all__ = [
     "quadratic_loss",
     "second_moments",
     "ClaimFailed",
+    "SeedEffect",
     "claim",
     "claims_table",
+    "finding",
     "reset_claims",
     "config_hash",
+    "effective_seed",
     "get_device",
     "make_generator",
     "seed_everything",
+    "seed_offset",
     "single_threaded",
     "cache_dir",
     "cached",

@@ -3,6 +3,15 @@
 Every chapter calls :func:`seed_everything` once per experiment; there is no other
 source of randomness in fmlab except explicit ``torch.Generator`` objects made by
 :func:`make_generator`. The same seed gives the same numbers on the same machine.
+
+**One seed knob.** Both functions pass their seed through :func:`effective_seed`, which
+reads the environment variable ``FMLAB_SEED_OFFSET`` (an integer K >= 0, default 0).
+At K = 0 every seed is used as written; at K > 0 every seed of every chapter is mapped to
+a new, independent one (pretraining seeds, task and evaluation draws, random worlds,
+bootstrap draws alike), so a whole chapter is rerun on fresh randomness without editing
+it. ``scripts/check_seeds.py`` uses this to check that every claim holds at several
+offsets. :func:`fmlab.train.cached` adds the offset to its cache key, so runs at
+different offsets never share a trained model.
 """
 
 from __future__ import annotations
@@ -19,7 +28,58 @@ import torch
 
 from ._validate import check_int
 
-__all__ = ["seed_everything", "make_generator", "single_threaded", "config_hash", "get_device"]
+__all__ = [
+    "seed_everything",
+    "make_generator",
+    "seed_offset",
+    "effective_seed",
+    "single_threaded",
+    "config_hash",
+    "get_device",
+]
+
+_MASK63 = (1 << 63) - 1
+
+
+def seed_offset() -> int:
+    """The seed offset K of this run: ``$FMLAB_SEED_OFFSET`` (an integer >= 0), default 0.
+
+    No chapter reads the variable itself; every seed goes through :func:`effective_seed`.
+    """
+    raw = os.environ.get("FMLAB_SEED_OFFSET", "").strip()
+    if not raw:
+        return 0
+    try:
+        k = int(raw)
+    except ValueError:
+        raise ValueError(
+            f"FMLAB_SEED_OFFSET must be an integer >= 0, got {raw!r}"
+        ) from None
+    if k < 0:
+        raise ValueError(f"FMLAB_SEED_OFFSET must be an integer >= 0, got {k}")
+    return k
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return x ^ (x >> 31)
+
+
+def effective_seed(seed: int, offset: int | None = None) -> int:
+    """The seed actually used for the written ``seed`` at seed offset ``offset``.
+
+    ``offset`` defaults to :func:`seed_offset`. Offset 0 returns ``seed`` unchanged (the
+    published book). Any other offset returns a 63-bit mix of (seed, offset) by
+    SplitMix64, so that seeds 0, 1, 2 of one offset share no stream with seeds 0, 1, 2 of
+    another: each random quantity becomes a new independent draw.
+    """
+    seed = check_int("seed", seed, minimum=0, maximum=_MASK63)
+    offset = seed_offset() if offset is None else check_int("offset", offset, minimum=0)
+    if offset == 0:
+        return seed
+    return _splitmix64(_splitmix64(seed) ^ _splitmix64(offset + 0x5EED)) & _MASK63
 
 
 def seed_everything(seed: int) -> torch.Generator:
@@ -28,24 +88,30 @@ def seed_everything(seed: int) -> torch.Generator:
     Parameters
     ----------
     seed : int
-        A non-negative integer.
+        A non-negative integer; shifted by the seed offset (:func:`effective_seed`).
 
     Returns
     -------
     torch.Generator
-        A CPU generator seeded with ``seed``, for code that wants its own stream.
+        A CPU generator seeded with the same effective seed, for code that wants its own
+        stream.
     """
-    seed = check_int("seed", seed, minimum=0, maximum=2**63 - 1)
+    seed = effective_seed(seed)
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
     torch.use_deterministic_algorithms(True, warn_only=True)
-    return make_generator(seed)
+    g = torch.Generator()
+    g.manual_seed(seed)
+    return g
 
 
 def make_generator(seed: int) -> torch.Generator:
-    """A CPU ``torch.Generator`` seeded with ``seed`` (independent of the global stream)."""
-    seed = check_int("seed", seed, minimum=0, maximum=2**63 - 1)
+    """A CPU ``torch.Generator`` seeded with ``effective_seed(seed)``.
+
+    Independent of the global stream; at seed offset 0 it is seeded with ``seed`` itself.
+    """
+    seed = effective_seed(seed)
     g = torch.Generator()
     g.manual_seed(seed)
     return g
@@ -70,7 +136,10 @@ def single_threaded():
 
 def _jsonable(obj):
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {"__class__": type(obj).__qualname__, **{k: _jsonable(v) for k, v in dataclasses.asdict(obj).items()}}
+        return {
+            "__class__": type(obj).__qualname__,
+            **{k: _jsonable(v) for k, v in dataclasses.asdict(obj).items()},
+        }
     if isinstance(obj, dict):
         return {str(k): _jsonable(v) for k, v in sorted(obj.items())}
     if isinstance(obj, (list, tuple)):
@@ -79,7 +148,9 @@ def _jsonable(obj):
         return repr(obj)
     if isinstance(obj, (str, int, bool)) or obj is None:
         return obj
-    raise TypeError(f"config must hold only dataclasses, dicts, lists, numbers and strings; got {type(obj).__name__}")
+    raise TypeError(
+        f"config must hold only dataclasses, dicts, lists, numbers and strings; got {type(obj).__name__}"
+    )
 
 
 def config_hash(config, *, length: int = 16) -> str:

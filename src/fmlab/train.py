@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from ._validate import check_choice, check_float, check_int
-from .repro import config_hash
+from .repro import config_hash, seed_offset
 
 __all__ = ["progress", "train", "TrainResult", "cache_dir", "cached"]
 
@@ -34,7 +34,9 @@ def _progress_enabled() -> bool:
     return sys.stderr.isatty()
 
 
-def progress(iterable: Iterable, *, total: int | None = None, desc: str = "") -> Iterable:
+def progress(
+    iterable: Iterable, *, total: int | None = None, desc: str = ""
+) -> Iterable:
     """Wrap ``iterable`` in a tqdm bar when a person is watching.
 
     Bars show in a terminal and in a live Jupyter kernel; the book build and the tests
@@ -99,8 +101,14 @@ def train(
     lr = check_float("lr", lr, minimum=0.0, strict_min=True)
     weight_decay = check_float("weight_decay", weight_decay, minimum=0.0)
     check_choice("optimizer", optimizer, ("adam", "adamw", "sgd"))
-    keep = sorted({check_int("checkpoints", c, minimum=0, maximum=steps) for c in checkpoints})
-    opt_cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}[optimizer]
+    keep = sorted(
+        {check_int("checkpoints", c, minimum=0, maximum=steps) for c in checkpoints}
+    )
+    opt_cls = {
+        "adam": torch.optim.Adam,
+        "adamw": torch.optim.AdamW,
+        "sgd": torch.optim.SGD,
+    }[optimizer]
     opt = opt_cls(model.parameters(), lr=lr, weight_decay=weight_decay)
 
     def snapshot():
@@ -114,7 +122,9 @@ def train(
     for step in progress(range(steps), total=steps, desc=desc):
         loss = loss_fn(model, sample_batch(step))
         if loss.ndim != 0:
-            raise ValueError(f"loss_fn must return a scalar, got shape {tuple(loss.shape)}")
+            raise ValueError(
+                f"loss_fn must return a scalar, got shape {tuple(loss.shape)}"
+            )
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -132,7 +142,9 @@ def cache_dir() -> Path:
         path = Path(env).expanduser()
     else:
         root = Path(__file__).resolve().parents[2]
-        if (root / "pyproject.toml").exists():  # an editable install inside the checkout
+        if (
+            root / "pyproject.toml"
+        ).exists():  # an editable install inside the checkout
             path = root / ".fmlab_cache"
         else:
             path = Path.home() / ".cache" / "fmlab"
@@ -152,16 +164,28 @@ def cached(config, build: Callable[[], dict], *, name: str) -> dict:
         of them (whatever ``torch.load(weights_only=True)`` accepts).
     name : str
         A readable prefix for the file name, e.g. the chapter's model name.
+
+    The key is the hash of ``config`` together with the seed offset
+    (:func:`fmlab.repro.seed_offset`), so that runs at different offsets, whose seeds
+    differ, never share an entry.
     """
     if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(f"name must be an identifier-like string, got {name!r}")
     if not callable(build):
         raise TypeError("build must be callable")
-    path = cache_dir() / f"{name}-{config_hash(config)}.pt"
+    offset = seed_offset()
+    key = (
+        config_hash(config)
+        if offset == 0
+        else config_hash({"config": config, "seed_offset": offset})
+    )
+    path = cache_dir() / f"{name}-{key}.pt"
     if path.exists():
         try:
             return torch.load(path, weights_only=True)
-        except Exception:  # unreadable entry (e.g. written by another torch): rebuild it
+        except (
+            Exception
+        ):  # unreadable entry (e.g. written by another torch): rebuild it
             path.unlink(missing_ok=True)
     value = build()
     if not isinstance(value, dict):

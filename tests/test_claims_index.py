@@ -1,0 +1,71 @@
+"""The claims index that the build writes (_build/claims.json) and its page.
+
+Needs a built book (``make test`` builds it first); skips with a message otherwise.
+"""
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CLAIMS = ROOT / "_build" / "claims.json"
+CHAPTERS = sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb"))
+
+# Keys whose meaning an issue fixes; each must be in the book (see the chapters' issues).
+REQUIRED_KEYS = [
+    "ch1.interface_bound",
+    "ch3.ft_minus_lp_id",
+    "ch3.lp_minus_ft_ood",
+    "ch3.lpft_minus_lp_ood",
+    "ch3.lpft_minus_lp_id",
+    "ch3.feature_change_ratio",
+    "ch4.prompt_minus_standard_k_small",
+    "ch4.entk_minus_ft_prompt",
+    "ch4.kernel_gap_std_minus_prompt",
+    "ch5.encoder_trace_ratio_adv",
+    "ch6.icl_gain_k3",
+    "ch6.icl_gain_k5",
+    "ch6.unseen_gain",
+    "ch6.bayes_gap_n8",
+]
+
+
+@pytest.fixture(scope="module")
+def claims():
+    if not CLAIMS.exists():
+        pytest.skip(f"no {CLAIMS.relative_to(ROOT)}: build the book first (make book)")
+    return json.loads(CLAIMS.read_text())
+
+
+def test_every_claim_is_listed_and_verified(claims):
+    fields = {"chapter", "key", "kind", "statement", "verified", "evidence", "value"}
+    assert claims, "the claims index is empty"
+    for row in claims:
+        assert fields <= set(row), f"missing fields in {row}"
+        assert row["verified"] is True, f"unverified claim in the build: {row['statement']}"
+        assert row["kind"] in ("finding", "check")
+
+
+def test_every_chapter_has_a_keyed_finding(claims):
+    documents = {f"notebooks/{c}" for c in CHAPTERS}
+    keyed = {r["document"] for r in claims if r["key"] and r["kind"] == "finding"}
+    assert documents <= {r["document"] for r in claims}, "a chapter's claims are missing"
+    assert documents <= keyed, f"chapters without a keyed finding: {documents - keyed}"
+
+
+def test_keys_are_unique_and_required_keys_exist(claims):
+    keys = Counter(r["key"] for r in claims if r["key"])
+    assert not [k for k, n in keys.items() if n > 1], f"duplicate keys: {keys}"
+    missing = [k for k in REQUIRED_KEYS if k not in keys]
+    assert not missing, f"keys the issues name are missing: {missing}"
+
+
+def test_index_page_links_every_claim(claims):
+    page = (ROOT / "_build" / "html" / "book" / "claims.html").read_text()
+    for row in claims:
+        target = row["link"].split("#")[1]
+        assert f"#{target}" in page, f"claims index lacks a link to {row['link']}"
+        chapter = (ROOT / "_build" / "html" / row["link"].split("#")[0]).read_text()
+        assert f'id="{target}"' in chapter, f"no anchor {target} in {row['link']}"
