@@ -5,7 +5,8 @@
 
 Each (chapter, offset) is executed in its own kernel with ``FMLAB_SEED_OFFSET`` set (so
 every seed of the chapter is a new, independent draw; see ``fmlab.repro``) and with
-``FMLAB_CLAIMS_COLLECT=1``, so a failed claim is recorded instead of stopping the chapter.
+``FMLAB_CLAIMS_COLLECT=1``, so a failed claim is recorded instead of stopping the
+chapter.
 The script prints a table, claim x offset, with the value of every keyed claim, writes
 it as JSON (``--out``, default ``_build/seed_check.json``), and exits non-zero if any
 claim failed or any chapter stopped on an error. It is not part of ``make test`` (it
@@ -162,7 +163,8 @@ def main(argv=None) -> int:
     if any(k < 0 for k in args.offsets):
         parser.error("offsets must be >= 0")
     jobs = [(nb, k) for k in args.offsets for nb in notebooks]
-    # longest chapters first (the later chapters are the slow ones), so two workers finish together
+    # longest chapters first (the later chapters are the slow ones), so two workers
+    # finish together
     jobs.sort(
         key=lambda j: (-int(j[0].name[:2]) if j[0].name[:2].isdigit() else 0, j[1])
     )
@@ -176,7 +178,8 @@ def main(argv=None) -> int:
                 "error: " + res["errors"][0] if res["errors"] else f"{n_bad} failed"
             )
             print(
-                f"{res['chapter']:>34s} offset {res['offset']}: {len(res['claims'])} claims, "
+                f"{res['chapter']:>34s} offset {res['offset']}: "
+                f"{len(res['claims'])} claims, "
                 f"{status} ({res['seconds']:.0f} s)",
                 flush=True,
             )

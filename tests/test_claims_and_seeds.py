@@ -85,7 +85,9 @@ def test_claim_records_kind_key_value(capsys):
         0.0,
         "claim-ch9-identity",
     )
-    claim("dict value", True, kind="finding", value={"k4": 1.5, "k16": torch.tensor(2.0)})
+    claim(
+        "dict value", True, kind="finding", value={"k4": 1.5, "k16": torch.tensor(2.0)}
+    )
     assert claims_table().records[-1].value == {"k4": 1.5, "k16": 2.0}
 
 

@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CLAIMS = ROOT / "_build" / "claims.json"
 CHAPTERS = sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb"))
 
-# Keys whose meaning an issue fixes; each must be in the book (see the chapters' issues).
+# Keys whose meaning an issue fixes; each must be in the book (see the chapters'
+# issues).
 REQUIRED_KEYS = [
     "ch1.interface_bound",
     "ch3.ft_minus_lp_id",
@@ -44,14 +45,18 @@ def test_every_claim_is_listed_and_verified(claims):
     assert claims, "the claims index is empty"
     for row in claims:
         assert fields <= set(row), f"missing fields in {row}"
-        assert row["verified"] is True, f"unverified claim in the build: {row['statement']}"
+        assert row["verified"] is True, (
+            f"unverified claim in the build: {row['statement']}"
+        )
         assert row["kind"] in ("finding", "check")
 
 
 def test_every_chapter_has_a_keyed_finding(claims):
     documents = {f"notebooks/{c}" for c in CHAPTERS}
     keyed = {r["document"] for r in claims if r["key"] and r["kind"] == "finding"}
-    assert documents <= {r["document"] for r in claims}, "a chapter's claims are missing"
+    assert documents <= {r["document"] for r in claims}, (
+        "a chapter's claims are missing"
+    )
     assert documents <= keyed, f"chapters without a keyed finding: {documents - keyed}"
 
 

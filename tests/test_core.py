@@ -1,4 +1,4 @@
-"""Tests of fmlab's core: validation, seeding, claims, the training loop and its cache."""
+"""fmlab's core: validation, seeding, claims, the training loop and its cache."""
 
 import os
 import re

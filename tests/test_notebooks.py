@@ -1,4 +1,4 @@
-"""Notebooks are stored without outputs (the build executes them) and each checks claims."""
+"""Notebooks are stored without outputs (the build runs them); each checks claims."""
 
 import json
 from pathlib import Path

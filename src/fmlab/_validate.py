@@ -17,7 +17,7 @@ import torch
 def check_int(
     name: str, value, *, minimum: int | None = None, maximum: int | None = None
 ) -> int:
-    """Return ``value`` as an int, or raise if it is not an integer in [minimum, maximum]."""
+    """``value`` as an int; raise if it is not an integer in [minimum, maximum]."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(
             f"{name} must be an integer, got {type(value).__name__} ({value!r})"
@@ -86,7 +86,8 @@ def check_tensor(
         for axis, (want, got) in enumerate(zip(shape, value.shape)):
             if want is not None and want != got:
                 raise ValueError(
-                    f"{name} must have size {want} along axis {axis}, got shape {tuple(value.shape)}"
+                    f"{name} must have size {want} along axis {axis}, "
+                    f"got shape {tuple(value.shape)}"
                 )
     if floating and not value.is_floating_point():
         raise TypeError(f"{name} must have a floating dtype, got {value.dtype}")

@@ -9,7 +9,8 @@ Two kinds of claim (the ``kind`` argument):
 * a **check** is an exact statement (an identity, a theorem's inequality at every point,
   a closed form). It can fail only through a bug in the code: a regression test.
 * a **finding** is a statement about a random experiment. Its margin follows the book's
-  rule, written once here and on the how-to-run page: *the mean effect over seeds exceeds
+  rule, written once here and on the how-to-run page: *the mean effect over seeds
+  exceeds
   its null value by more than three standard errors of the seed spread, and every seed
   has the claimed sign.* :func:`finding` applies that rule to a sample of per-seed
   effects; a chapter that needs another rule states it next to the claim.
@@ -64,7 +65,7 @@ class ClaimFailed(AssertionError):
 
 @dataclass(frozen=True)
 class ClaimRecord:
-    """One verdict: what the claims table, the claims index and the robustness run list."""
+    """One verdict, as the claims table, claims index and robustness run list it."""
 
     statement: str
     evidence: str
@@ -109,7 +110,8 @@ def _as_number(name: str, value) -> float:
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
             raise ValueError(
-                f"{name} must be a single number, got a tensor of shape {tuple(value.shape)}"
+                f"{name} must be a single number, "
+                f"got a tensor of shape {tuple(value.shape)}"
             )
         value = value.item()
     if isinstance(value, (bool, np.bool_)) or not isinstance(
@@ -186,7 +188,8 @@ class _Verdict:
         key = f' <code class="fmlab-key">{html.escape(r.key)}</code>' if r.key else ""
         data = html.escape(json.dumps(r.as_dict(), ensure_ascii=False), quote=True)
         return (
-            f'<div class="fmlab-claim fmlab-{r.kind}" id="{r.anchor}" data-fmlab-claim="{data}" '
+            f'<div class="fmlab-claim fmlab-{r.kind}" id="{r.anchor}" '
+            f'data-fmlab-claim="{data}" '
             f'style="border-left:4px solid {colour};background:{bg};'
             'padding:4px 10px;margin:4px 0;font-family:sans-serif">'
             f'<b style="color:{colour}">{mark} {self._label()}</b>{key}: '
@@ -195,7 +198,7 @@ class _Verdict:
 
 
 def _show(obj) -> None:
-    """Display ``obj`` in a notebook (every claim of a cell, not just the last) or print it."""
+    """Display ``obj`` in a notebook (each claim of a cell, not only the last)."""
     try:
         from IPython import get_ipython
         from IPython.display import display
@@ -222,7 +225,8 @@ def claim(
     ----------
     statement : str
         The claim in words, as the chapter states it. Keep run-dependent numbers out of
-        it (they belong in ``evidence``), so that the statement is the same at every seed.
+        it (they belong in ``evidence``), so that the statement is the same at every
+        seed.
     condition : bool
         Whether the numbers just computed support it.
     evidence : str
@@ -299,7 +303,8 @@ class SeedEffect:
             samples = samples.astype(float).ravel().tolist()
         if isinstance(samples, (str, bytes)) or not isinstance(samples, Sequence):
             raise TypeError(
-                f"samples must be a sequence of numbers (one per seed), got {type(samples).__name__}"
+                "samples must be a sequence of numbers (one per seed), "
+                f"got {type(samples).__name__}"
             )
         values = tuple(_as_number(f"samples[{i}]", v) for i, v in enumerate(samples))
         if len(values) < 3:
@@ -325,7 +330,7 @@ class SeedEffect:
     def holds(
         self, *, null: float = 0.0, direction: str = ">", every_seed: bool = True
     ) -> bool:
-        """The book's margin rule: mean beyond ``null`` by > 3 s.e., every seed beyond it."""
+        """The book's margin rule: mean beyond ``null`` by > 3 s.e., every seed too."""
         if direction not in (">", "<"):
             raise ValueError(f"direction must be '>' or '<', got {direction!r}")
         sign = 1.0 if direction == ">" else -1.0
@@ -370,7 +375,8 @@ def finding(
     direction : {">", "<"}
         The claimed side of ``null``.
     every_seed : bool
-        Also require every seed on the claimed side (the book's rule; turn off only for a
+        Also require every seed on the claimed side (the book's rule; turn off only for
+        a
         non-inferiority claim, and say so in the text).
     fmt, unit : str
         How numbers are printed in the evidence.
@@ -425,7 +431,8 @@ class _ClaimsTable:
             for r in self.records
         )
         return (
-            '<table class="fmlab-claims"><thead><tr><th></th><th>kind</th><th>claim</th>'
+            '<table class="fmlab-claims"><thead><tr><th></th><th>kind</th>'
+            "<th>claim</th>"
             f"<th>evidence</th></tr></thead><tbody>{rows}</tbody></table>"
         )
 

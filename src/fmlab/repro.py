@@ -6,7 +6,8 @@ source of randomness in fmlab except explicit ``torch.Generator`` objects made b
 
 **One seed knob.** Both functions pass their seed through :func:`effective_seed`, which
 reads the environment variable ``FMLAB_SEED_OFFSET`` (an integer K >= 0, default 0).
-At K = 0 every seed is used as written; at K > 0 every seed of every chapter is mapped to
+At K = 0 every seed is used as written; at K > 0 every seed of every chapter is mapped
+to
 a new, independent one (pretraining seeds, task and evaluation draws, random worlds,
 bootstrap draws alike), so a whole chapter is rerun on fresh randomness without editing
 it. ``scripts/check_seeds.py`` uses this to check that every claim holds at several
@@ -42,9 +43,10 @@ _MASK63 = (1 << 63) - 1
 
 
 def seed_offset() -> int:
-    """The seed offset K of this run: ``$FMLAB_SEED_OFFSET`` (an integer >= 0), default 0.
+    """The seed offset K of this run: ``$FMLAB_SEED_OFFSET`` (an integer >= 0; 0 unset).
 
-    No chapter reads the variable itself; every seed goes through :func:`effective_seed`.
+    No chapter reads the variable itself; every seed goes through
+    :func:`effective_seed`.
     """
     raw = os.environ.get("FMLAB_SEED_OFFSET", "").strip()
     if not raw:
@@ -72,7 +74,8 @@ def effective_seed(seed: int, offset: int | None = None) -> int:
 
     ``offset`` defaults to :func:`seed_offset`. Offset 0 returns ``seed`` unchanged (the
     published book). Any other offset returns a 63-bit mix of (seed, offset) by
-    SplitMix64, so that seeds 0, 1, 2 of one offset share no stream with seeds 0, 1, 2 of
+    SplitMix64, so that seeds 0, 1, 2 of one offset share no stream with seeds 0, 1, 2
+    of
     another: each random quantity becomes a new independent draw.
     """
     seed = check_int("seed", seed, minimum=0, maximum=_MASK63)
@@ -109,7 +112,8 @@ def seed_everything(seed: int) -> torch.Generator:
 def make_generator(seed: int) -> torch.Generator:
     """A CPU ``torch.Generator`` seeded with ``effective_seed(seed)``.
 
-    Independent of the global stream; at seed offset 0 it is seeded with ``seed`` itself.
+    Independent of the global stream; at seed offset 0 it is seeded with ``seed``
+    itself.
     """
     seed = effective_seed(seed)
     g = torch.Generator()
@@ -149,7 +153,8 @@ def _jsonable(obj):
     if isinstance(obj, (str, int, bool)) or obj is None:
         return obj
     raise TypeError(
-        f"config must hold only dataclasses, dicts, lists, numbers and strings; got {type(obj).__name__}"
+        "config must hold only dataclasses, dicts, lists, numbers and strings; "
+        f"got {type(obj).__name__}"
     )
 
 
@@ -165,7 +170,7 @@ def config_hash(config, *, length: int = 16) -> str:
 
 
 def get_device() -> torch.device:
-    """The device experiments run on: CPU unless ``FMLAB_DEVICE`` names another and it exists.
+    """The device to run on: CPU unless ``FMLAB_DEVICE`` names another that exists.
 
     The book is built and tested on the CPU. Set ``FMLAB_DEVICE=cuda`` to run a chapter
     at larger scale on a GPU when one is present.

@@ -136,7 +136,7 @@ def train(
 
 
 def cache_dir() -> Path:
-    """The folder of the model cache: ``$FMLAB_CACHE_DIR`` or ``.fmlab_cache`` in the checkout."""
+    """The model cache: ``$FMLAB_CACHE_DIR``, or ``.fmlab_cache`` in the checkout."""
     env = os.environ.get("FMLAB_CACHE_DIR")
     if env:
         path = Path(env).expanduser()

@@ -1,0 +1,158 @@
+"""Execute the book's chapters on every core, into the cache that Jupyter Book reads.
+
+    python scripts/execute_chapters.py [--jobs 2] [--cache _build/.jupyter_cache]
+
+``make book`` runs this before ``jupyter-book build``. Jupyter Book (myst-nb in
+``execute_notebooks: cache`` mode) executes notebooks one after another, on one core.
+This
+script finds the chapters whose current code has no entry in the same jupyter-cache
+database, executes them ``--jobs`` at a time (one kernel each, one intra-op thread each
+via ``OMP_NUM_THREADS``), longest first, and stores each executed notebook in the cache
+exactly as myst-nb would (same hash of the code cells, same ``execution_seconds``). The
+build that follows then finds every chapter in the cache and only renders it.
+
+Any error (a failed claim included) stops the build: the script prints the traceback of
+each failed chapter and exits non-zero, and nothing is cached for a failed chapter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+
+import nbformat
+import yaml
+from jupyter_cache import get_cache
+from jupyter_cache.base import CacheBundleIn
+from jupyter_cache.executors.utils import single_nb_execution
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _chapters() -> list[Path]:
+    """The notebooks of the table of contents, in reading order."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    files = []
+
+    def walk(entries):
+        for e in entries or []:
+            if "file" in e:
+                files.append(e["file"])
+            walk(e.get("sections"))
+            walk(e.get("chapters"))
+
+    files.append(toc["root"])
+    for part in toc.get("parts", []):
+        walk(part.get("chapters"))
+    walk(toc.get("chapters"))
+    return [ROOT / f"{f}.ipynb" for f in files if (ROOT / f"{f}.ipynb").exists()]
+
+
+def _config() -> dict:
+    cfg = yaml.safe_load((ROOT / "_config.yml").read_text())
+    execute = cfg.get("execute", {})
+    return {"timeout": int(execute.get("timeout", 900))}
+
+
+def _execute(path: str, timeout: int) -> tuple[str, str | None, str | None, float]:
+    """Run a notebook in a fresh kernel: (notebook JSON, error, traceback, seconds)."""
+    nb = nbformat.read(path, as_version=4)
+    result = single_nb_execution(
+        nb,
+        cwd=str(Path(path).parent),
+        allow_errors=False,
+        timeout=timeout,
+        meta_override=True,
+    )
+    err = None if result.err is None else type(result.err).__name__
+    return nbformat.writes(nb), err, result.exc_string, result.time
+
+
+def _expected_seconds(cache, path: Path) -> float:
+    """Seconds this chapter took when last cached (any version), else a guess."""
+    best = None
+    for record in cache.list_cache_records():
+        if Path(record.uri) == path:
+            seconds = (record.data or {}).get("execution_seconds")
+            if seconds is not None and (best is None or record.created > best[0]):
+                best = (record.created, float(seconds))
+    if best is not None:
+        return best[1]
+    # no history: later chapters are the heavier ones
+    return 1000.0 + int(path.name[:2]) if path.name[:2].isdigit() else 1000.0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument(
+        "--cache", type=Path, default=ROOT / "_build" / ".jupyter_cache"
+    )
+    args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error("--jobs must be >= 1")
+
+    cache = get_cache(str(args.cache))
+    todo = []
+    for path in _chapters():
+        nb = nbformat.read(str(path), as_version=4)
+        try:
+            cache.match_cache_notebook(nb)
+        except KeyError:
+            todo.append(path)
+    if not todo:
+        print("execute_chapters: every chapter is in the execution cache")
+        return 0
+    todo.sort(key=lambda p: -_expected_seconds(cache, p))
+    timeout = _config()["timeout"]
+    print(
+        f"execute_chapters: {len(todo)} chapter(s), {args.jobs} at a time, "
+        "longest first: " + ", ".join(p.stem for p in todo),
+        flush=True,
+    )
+    start = time.perf_counter()
+    failed, total = [], 0.0
+    with ProcessPoolExecutor(max_workers=min(args.jobs, len(todo))) as pool:
+        futures = {pool.submit(_execute, str(p), timeout): p for p in todo}
+        for fut in as_completed(futures):
+            path = futures[fut]
+            text, err, tb, seconds = fut.result()
+            total += seconds
+            if err is not None:
+                failed.append(path)
+                print(
+                    f"\nFAILED {path.name} after {seconds:.1f} s: {err}\n{tb}",
+                    flush=True,
+                )
+                continue
+            record = cache.add_nb_to_project(str(path))
+            cache.cache_notebook_bundle(
+                CacheBundleIn(
+                    nbformat.reads(text, as_version=4),
+                    record.uri,
+                    data={"execution_seconds": seconds},
+                ),
+                check_validity=False,
+                overwrite=True,
+            )
+            print(f"  {path.stem}: {seconds:.1f} s", flush=True)
+    wall = time.perf_counter() - start
+    print(
+        f"execute_chapters: {wall:.1f} s wall for {total:.1f} s of chapter execution "
+        f"({wall / total:.2f}x the serial time)"
+        if total
+        else "",
+        flush=True,
+    )
+    if failed:
+        print("execute_chapters: FAILED: " + ", ".join(p.name for p in failed))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
