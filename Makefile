@@ -1,18 +1,22 @@
 # The two commands of the README:
 #   make book   build the rendered book into _build/html, executing every chapter
-#   make test   run every test: fmlab's unit tests, the notebook checks, every chapter under
-#               nbval, and the rendered book in headless Chromium (it builds the book first)
+#   make test   run every test: ruff, fmlab's unit tests, every chapter under nbval (strict:
+#               re-executed and compared with the built pages), the claims index, and the
+#               rendered book in headless Chromium (it builds the book first)
 # Both create the virtual environment .venv first when it is missing.
+# `make seeds` is the robustness run (every chapter at seed offsets 1-4; not in test).
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# Chapters (and test files) run this many at a time: one per core.
+JOBS   ?= $(shell nproc 2>/dev/null || echo 2)
 
 # No progress bars in stored outputs; the on-disk model cache is shared by book and tests.
 export FMLAB_PROGRESS = 0
-# The models are small: one intra-op thread is as fast as two on an idle 2-core machine,
-# and much faster when anything else runs beside it (measured per chapter).
+# One intra-op thread per chapter: the models are small, and the build runs one chapter
+# per core, so a second thread would only compete with the other chapter.
 export OMP_NUM_THREADS ?= 1
 export PYDEVD_DISABLE_FILE_VALIDATION = 1
 
@@ -26,11 +30,16 @@ $(STAMP): requirements.txt pyproject.toml
 
 book: $(STAMP)
 	bash scripts/web_assets.sh
+	$(BIN)/python scripts/execute_chapters.py --jobs $(JOBS)
 	$(BIN)/jupyter-book build . --warningiserror --nitpick --keep-going
 	@echo "The book is in _build/html/index.html"
 
 test: book
-	$(BIN)/python -m pytest tests notebooks --nbval-lax --nbval-current-env
+	$(BIN)/ruff format --check src tests scripts notebooks
+	$(BIN)/ruff check src tests scripts notebooks
+	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile \
+		_build/executed tests \
+		--nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg
 
 # The robustness run (not part of test): every chapter at seed offsets 1-4.
 seeds: $(STAMP)

@@ -4,8 +4,7 @@
 
 ``make book`` runs this before ``jupyter-book build``. Jupyter Book (myst-nb in
 ``execute_notebooks: cache`` mode) executes notebooks one after another, on one core.
-This
-script finds the chapters whose current code has no entry in the same jupyter-cache
+This script finds the chapters whose current code has no entry in the same jupyter-cache
 database, executes them ``--jobs`` at a time (one kernel each, one intra-op thread each
 via ``OMP_NUM_THREADS``), longest first, and stores each executed notebook in the cache
 exactly as myst-nb would (same hash of the code cells, same ``execution_seconds``). The
@@ -13,6 +12,11 @@ build that follows then finds every chapter in the cache and only renders it.
 
 Any error (a failed claim included) stops the build: the script prints the traceback of
 each failed chapter and exits non-zero, and nothing is cached for a failed chapter.
+
+Finally it writes every chapter, as executed and cached (the outputs the pages are
+rendered from), to ``_build/executed/``: ``make test`` runs nbval in strict mode on
+those files. (myst-nb's own copy in ``_build/jupyter_execute`` has no outputs in cache
+mode.)
 """
 
 from __future__ import annotations
@@ -92,6 +96,12 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--cache", type=Path, default=ROOT / "_build" / ".jupyter_cache"
     )
+    parser.add_argument(
+        "--export",
+        type=Path,
+        default=ROOT / "_build" / "executed",
+        help="where to write the executed chapters (for nbval)",
+    )
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error("--jobs must be >= 1")
@@ -106,7 +116,7 @@ def main(argv=None) -> int:
             todo.append(path)
     if not todo:
         print("execute_chapters: every chapter is in the execution cache")
-        return 0
+        return _export(cache, args.export)
     todo.sort(key=lambda p: -_expected_seconds(cache, p))
     timeout = _config()["timeout"]
     print(
@@ -151,6 +161,22 @@ def main(argv=None) -> int:
     if failed:
         print("execute_chapters: FAILED: " + ", ".join(p.name for p in failed))
         return 1
+    return _export(cache, args.export)
+
+
+def _export(cache, folder: Path) -> int:
+    """Write each chapter merged with its cached outputs to ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob("*.ipynb"):
+        old.unlink()
+    for path in _chapters():
+        nb = nbformat.read(str(path), as_version=4)
+        try:
+            _, executed = cache.merge_match_into_notebook(nb)
+        except KeyError:
+            print(f"execute_chapters: {path.name} is not in the execution cache")
+            return 1
+        nbformat.write(executed, str(folder / path.name))
     return 0
 
 

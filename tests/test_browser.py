@@ -58,6 +58,25 @@ def _toc_pages() -> list[str]:
 
 
 PAGES = _toc_pages()
+# The repository the site may link to (its buttons appear only when this is set).
+REPOSITORY = (
+    (yaml.safe_load((ROOT / "_config.yml").read_text()).get("repository") or {}).get(
+        "url"
+    )
+    or ""
+).strip()
+REPOSITORY_HOSTS = (
+    "github.com",
+    "gitlab.com",
+    "mybinder.org",
+    "colab.research.google.com",
+    "deepnote.com",
+)
+
+
+@functools.lru_cache(maxsize=None)
+def _page_text(path: Path) -> str:
+    return path.read_text(encoding="utf-8")
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
@@ -83,7 +102,8 @@ def browser():
     driver_path = shutil.which("chromedriver")
     if not chrome or not driver_path:
         _unavailable(
-            "Chromium and chromedriver are not installed (apt-get install chromium chromium-driver)"
+            "Chromium and chromedriver are not installed "
+            "(apt-get install chromium chromium-driver)"
         )
     try:
         from selenium import webdriver
@@ -165,8 +185,10 @@ def test_page_in_browser(page, server, browser):
         driver.set_script_timeout(60)
         n_math = driver.execute_async_script(
             "const done = arguments[0];"
-            "const wait = () => (window.MathJax && MathJax.startup && MathJax.startup.promise)"
-            "  ? MathJax.startup.promise.then(() => done(document.querySelectorAll('mjx-container').length))"
+            "const wait = () => (window.MathJax && MathJax.startup"
+            "    && MathJax.startup.promise)"
+            "  ? MathJax.startup.promise.then("
+            "      () => done(document.querySelectorAll('mjx-container').length))"
             "  : setTimeout(wait, 100);"
             "wait();"
         )
@@ -181,7 +203,8 @@ def test_page_in_browser(page, server, browser):
     if has_widgets:
         _wait(
             driver,
-            "return document.querySelectorAll('.jupyter-widgets .widget-slider').length > 0",
+            "return document.querySelectorAll("
+            "'.jupyter-widgets .widget-slider').length > 0",
             what="the widgets to render",
         )
 
@@ -192,7 +215,8 @@ def test_page_in_browser(page, server, browser):
         what="images to load",
     )
     broken = driver.execute_script(
-        "return Array.from(document.images).filter(i => i.naturalWidth === 0 && i.offsetParent !== null)"
+        "return Array.from(document.images)"
+        ".filter(i => i.naturalWidth === 0 && i.offsetParent !== null)"
         ".map(i => i.src.slice(0, 80))"
     )
     assert not broken, f"{page}: images that did not load: {broken}"
@@ -201,7 +225,7 @@ def test_page_in_browser(page, server, browser):
     hrefs = driver.execute_script(
         "return Array.from(document.querySelectorAll('a[href]')).map(a => a.href)"
     )
-    missing = []
+    missing, no_anchor = [], []
     for href in hrefs:
         url = urlparse(href)
         if url.scheme in ("http", "https") and url.netloc == urlparse(server).netloc:
@@ -210,7 +234,17 @@ def test_page_in_browser(page, server, browser):
                 target = target / "index.html"
             if not target.exists():
                 missing.append(href)
+            elif url.fragment and target.suffix == ".html":
+                if f'id="{unquote(url.fragment)}"' not in _page_text(target):
+                    no_anchor.append(href)
     assert not missing, f"{page}: links to missing pages: {sorted(set(missing))[:10]}"
+    assert not no_anchor, f"{page}: links to missing anchors: {sorted(no_anchor)[:10]}"
+
+    # no button or link points at a repository (or a launcher of one) that the book's
+    # configuration does not name
+    if not REPOSITORY:
+        stray = [h for h in hrefs if any(host in h for host in REPOSITORY_HOSTS)]
+        assert not stray, f"{page}: links to an unconfigured repository: {stray[:5]}"
 
     driver.execute_script("window.scrollTo(0, 0)")
     _screenshot(driver, page)
@@ -277,7 +311,7 @@ def test_page_in_browser(page, server, browser):
 
 
 def test_search_finds_chapter_content(server, browser):
-    """The site's own search (no server needed) finds words that only a chapter contains."""
+    """The site's own search (no server needed) finds words only a chapter contains."""
     browser.get(f"{server}/search.html?q=decomposition")
     _wait(
         browser,
@@ -286,7 +320,8 @@ def test_search_finds_chapter_content(server, browser):
         what="search results",
     )
     links = browser.execute_script(
-        "return Array.from(document.querySelectorAll('#search-results li a')).map(a => a.href)"
+        "return Array.from(document.querySelectorAll('#search-results li a'))"
+        ".map(a => a.href)"
     )
     assert any("notebooks/01-" in link for link in links), (
         f"search did not find Chapter 1: {links[:5]}"

@@ -7,6 +7,10 @@
   ``{fmlab-claims-index}`` renders them, by chapter, each linking to the verified line in
   its chapter, and at the end of the build every record is written to
   ``_build/claims.json``.
+- **Buttons only for a real repository.** The repository button and the Binder/Colab
+  launch buttons appear only when ``repository.url`` in ``_config.yml`` names a
+  repository; while it is empty they are turned off here, so that the site never links
+  to a repository that does not exist.
 - **Duplicate scripts.** sphinx-thebe registers its inline configuration
   (``const THEBE_JS_URL = ...``) twice with Sphinx 7.4, once with the file name ``None``
   and once with ``''``; a second ``const`` declaration is a JavaScript error in the
@@ -184,7 +188,25 @@ def _dedupe_scripts(app, pagename, templatename, context, doctree):
     context["script_files"] = unique
 
 
+def _buttons_only_with_a_repository(app, config):
+    options = config.html_theme_options
+    url = (options.get("repository_url") or "").strip()
+    if url:
+        options.setdefault("use_repository_button", True)
+        return
+    options.pop("repository_url", None)
+    options["use_repository_button"] = False
+    options["use_edit_page_button"] = False
+    options["use_issues_button"] = False
+    launch = dict(options.get("launch_buttons") or {})
+    for name in ("binderhub_url", "jupyterhub_url", "colab_url", "deepnote_url"):
+        launch[name] = ""
+    launch["thebe"] = False
+    options["launch_buttons"] = launch
+
+
 def setup(app):
+    app.connect("config-inited", _buttons_only_with_a_repository)
     app.add_node(claims_index_placeholder)
     app.add_directive("fmlab-claims-index", ClaimsIndexDirective)
     app.connect("doctree-read", _collect)
