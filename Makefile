@@ -35,8 +35,8 @@ book: $(STAMP)
 	@echo "The book is in _build/html/index.html"
 
 test: book
-	$(BIN)/ruff format --check src tests scripts notebooks
-	$(BIN)/ruff check src tests scripts notebooks
+	$(BIN)/ruff format --check src tests scripts notebooks book/_ext
+	$(BIN)/ruff check src tests scripts notebooks book/_ext
 	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile \
 		_build/executed tests \
 		--nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg

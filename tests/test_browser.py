@@ -155,17 +155,16 @@ def _wait(driver, script, timeout=30.0, what="condition"):
 
 
 def _screenshot(driver, name: str) -> None:
+    """A full-page picture: the viewport is made as tall as the page, then captured."""
     height = driver.execute_script(
         "return Math.min(document.documentElement.scrollHeight, 30000)"
     )
-    shot = driver.execute_cdp_cmd(
-        "Page.captureScreenshot",
-        {
-            "format": "png",
-            "captureBeyondViewport": True,
-            "clip": {"x": 0, "y": 0, "width": 1280, "height": height, "scale": 1},
-        },
-    )
+    metrics = {"width": 1280, "height": height, "deviceScaleFactor": 1, "mobile": False}
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", metrics)
+    try:
+        shot = driver.execute_cdp_cmd("Page.captureScreenshot", {"format": "png"})
+    finally:
+        driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
     (SHOTS / f"{name.replace('/', '__')}.png").write_bytes(
         base64.b64decode(shot["data"])
     )

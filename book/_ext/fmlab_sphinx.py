@@ -1,12 +1,12 @@
 """The book's own Sphinx extension.
 
-- **Claims index.** Every ``fmlab.claim`` shown in an executed chapter carries its record
-  (statement, kind, key, evidence, value) in a ``data-fmlab-claim`` attribute of its HTML
-  output. While Sphinx reads a page (a freshly executed notebook or one from the execution
-  cache alike), this extension collects those records. The directive
-  ``{fmlab-claims-index}`` renders them, by chapter, each linking to the verified line in
-  its chapter, and at the end of the build every record is written to
-  ``_build/claims.json``.
+- **Claims index.** Every ``fmlab.claim`` shown in an executed chapter carries its
+  record (statement, kind, key, evidence, value) in a ``data-fmlab-claim`` attribute of
+  its HTML output. While Sphinx reads a page (a freshly executed notebook or one from
+  the execution cache alike), this extension collects those records. The directive
+  ``{fmlab-claims-index}`` renders them, headline (keyed) results first, then by
+  chapter, each linking to the verified line in its chapter; at the end of the build
+  every record is written to ``_build/claims.json``.
 - **Buttons only for a real repository.** The repository button and the Binder/Colab
   launch buttons appear only when ``repository.url`` in ``_config.yml`` names a
   repository; while it is empty they are turned off here, so that the site never links
@@ -39,7 +39,9 @@ class ClaimsIndexDirective(SphinxDirective):
     has_content = False
 
     def run(self):
-        self.env.fmlab_claims_index_docs = getattr(self.env, "fmlab_claims_index_docs", set())
+        self.env.fmlab_claims_index_docs = getattr(
+            self.env, "fmlab_claims_index_docs", set()
+        )
         self.env.fmlab_claims_index_docs.add(self.env.docname)
         return [claims_index_placeholder()]
 
@@ -100,37 +102,89 @@ def _chapter_label(env, docname):
     return (".".join(map(str, number)) + ". " if number else "") + title
 
 
+def _table(widths, header, rows):
+    """A docutils table; each cell is a node or a string."""
+    table = nodes.table(classes=["fmlab-claims-index"])
+    group = nodes.tgroup(cols=len(widths))
+    table += group
+    for width in widths:
+        group += nodes.colspec(colwidth=width)
+    for part, lines in ((nodes.thead(), [header]), (nodes.tbody(), rows)):
+        for line in lines:
+            row = nodes.row()
+            for cell in line:
+                node = (
+                    cell if isinstance(cell, nodes.Node) else nodes.paragraph(text=cell)
+                )
+                row += nodes.entry("", node)
+            part += row
+        group += part
+    return table
+
+
+def _value_text(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, dict):
+        return ", ".join(f"{k}: {v:.4g}" for k, v in value.items())
+    return f"{value:.4g}"
+
+
+def _headlines(app, fromdocname):
+    """A table of every keyed claim, with its value, for the top of the index."""
+    env = app.env
+    rows = []
+    for docname in _chapters(env):
+        uri = app.builder.get_relative_uri(fromdocname, docname)
+        for r in env.fmlab_claims[docname]:
+            if not r.get("key"):
+                continue
+            link = nodes.paragraph()
+            link += nodes.reference(
+                "", r["statement"], internal=True, refuri=f"{uri}#{r['anchor']}"
+            )
+            rows.append(
+                [
+                    nodes.paragraph("", "", nodes.literal(text=r["key"])),
+                    r["kind"],
+                    link,
+                    _value_text(r.get("value")),
+                ]
+            )
+    if not rows:
+        return []
+    section = nodes.section(ids=["claims-headlines"])
+    section += nodes.title(text="Headline results")
+    section += nodes.paragraph(
+        text="Every keyed claim of the book, with the value measured by this build."
+    )
+    section += _table((18, 10, 56, 16), ("key", "kind", "claim", "value"), rows)
+    return [section]
+
+
 def _resolve(app, doctree, fromdocname):
     env = app.env
     for placeholder in list(doctree.findall(claims_index_placeholder)):
-        content = []
+        content = _headlines(app, fromdocname)
         for docname in _chapters(env):
             records = env.fmlab_claims[docname]
             uri = app.builder.get_relative_uri(fromdocname, docname)
             section = nodes.section(ids=[f"claims-{nodes.make_id(docname)}"])
             title = nodes.title()
-            title += nodes.reference("", _chapter_label(env, docname), internal=True, refuri=uri)
-            section += title
-            counts = {k: sum(r["kind"] == k for r in records) for k in ("finding", "check")}
-            section += nodes.paragraph(
-                text=f"{len(records)} claims: {counts['finding']} findings, {counts['check']} checks."
+            title += nodes.reference(
+                "", _chapter_label(env, docname), internal=True, refuri=uri
             )
-            table = nodes.table(classes=["fmlab-claims-index"])
-            group = nodes.tgroup(cols=4)
-            table += group
-            for width in (6, 12, 50, 32):
-                group += nodes.colspec(colwidth=width)
-            head = nodes.thead()
-            row = nodes.row()
-            for label in ("", "kind", "claim", "evidence"):
-                row += nodes.entry("", nodes.paragraph(text=label))
-            head += row
-            group += head
-            body = nodes.tbody()
+            section += title
+            counts = {
+                k: sum(r["kind"] == k for r in records) for k in ("finding", "check")
+            }
+            summary = (
+                f"{len(records)} claims: {counts['finding']} findings, "
+                f"{counts['check']} checks."
+            )
+            section += nodes.paragraph(text=summary)
+            rows = []
             for r in records:
-                row = nodes.row()
-                row += nodes.entry("", nodes.paragraph(text="✔" if r["verified"] else "✘"))
-                row += nodes.entry("", nodes.paragraph(text=r["kind"]))
                 para = nodes.paragraph()
                 para += nodes.reference(
                     "", r["statement"], internal=True, refuri=f"{uri}#{r['anchor']}"
@@ -138,13 +192,12 @@ def _resolve(app, doctree, fromdocname):
                 if r.get("key"):
                     para += nodes.Text(" ")
                     para += nodes.literal(text=r["key"])
-                row += nodes.entry("", para)
-                row += nodes.entry("", nodes.paragraph(text=r["evidence"]))
-                body += row
-            group += body
-            section += table
+                rows.append(
+                    ["✔" if r["verified"] else "✘", r["kind"], para, r["evidence"]]
+                )
+            section += _table((6, 12, 50, 32), ("", "kind", "claim", "evidence"), rows)
             content.append(section)
-        if not content:
+        if len(content) <= 1 and not _chapters(env):
             content = [nodes.paragraph(text="No chapter has been executed yet.")]
         placeholder.replace_self(content)
 
@@ -171,7 +224,9 @@ def _write_json(app, exception):
                 }
             )
     out = Path(app.outdir).parent / "claims.json"
-    out.write_text(json.dumps(rows, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    out.write_text(
+        json.dumps(rows, indent=1, ensure_ascii=False) + "\n", encoding="utf-8"
+    )
 
 
 def _dedupe_scripts(app, pagename, templatename, context, doctree):
