@@ -1,15 +1,17 @@
-"""Adaptation: linear probing under a norm constraint, and fine-tuning.
+r"""Adaptation: linear probing under a norm constraint, and fine-tuning.
 
 Chapter 1 frames adaptation as the constrained problem
 
 .. math::
-    \\gamma_{\\text{task}} = \\arg\\min_{\\|\\gamma\\|_2 \\le c_0} \\widehat L_{\\text{adapt}}(\\gamma),
+    \gamma_{\text{task}} = \arg\min_{\|\gamma\|_2 \le c_0} \widehat
+    L_{\text{adapt}}(\gamma),
 
-For squared loss and a linear head on fixed features :math:`\\phi(x)` every such loss is a
-quadratic :math:`L(\\gamma) = \\gamma^\\top \\Sigma \\gamma - 2 b^\\top \\gamma + c` built from the
-second moments :math:`\\Sigma = \\mathbb{E}[\\phi\\phi^\\top]`, :math:`b = \\mathbb{E}[\\phi y]`,
-:math:`c = \\mathbb{E}[y^2]` of either the empirical or the population distribution, and the
-constrained minimiser is found exactly (:func:`ball_constrained_least_squares`).
+For squared loss and a linear head on fixed features :math:`\phi(x)` every such loss is
+a quadratic :math:`L(\gamma) = \gamma^\top \Sigma \gamma - 2 b^\top \gamma + c` built
+from the second moments :math:`\Sigma = \mathbb{E}[\phi\phi^\top]`, :math:`b =
+\mathbb{E}[\phi y]`, :math:`c = \mathbb{E}[y^2]` of either the empirical or the
+population distribution, and the constrained minimiser is found exactly
+(:func:`ball_constrained_least_squares`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ __all__ = [
     "second_moments",
     "quadratic_loss",
     "ball_constrained_least_squares",
+    "ball_constrained_path",
     "linear_probe",
     "fine_tune",
 ]
@@ -44,7 +47,7 @@ class Moments:
 
 
 def second_moments(features: torch.Tensor, y: torch.Tensor) -> Moments:
-    """Moments :math:`(\\Sigma, b, c)` of features ``(n, k)`` and targets ``(n,)``."""
+    r"""Moments :math:`(\Sigma, b, c)` of features ``(n, k)`` and targets ``(n,)``."""
     features = check_tensor("features", features, ndim=2, floating=True)
     y = check_tensor("y", y, ndim=1, floating=True)
     n = check_same_length(("features", "y"), features, y)
@@ -55,7 +58,10 @@ def second_moments(features: torch.Tensor, y: torch.Tensor) -> Moments:
 
 
 def quadratic_loss(gamma: torch.Tensor, moments: Moments) -> float:
-    """:math:`\\gamma^\\top\\Sigma\\gamma - 2b^\\top\\gamma + c`: the mean squared error of the head."""
+    r"""The mean squared error of a head.
+
+    It is :math:`\gamma^\top\Sigma\gamma - 2b^\top\gamma + c`.
+    """
     if not isinstance(moments, Moments):
         raise TypeError(f"moments must be a Moments, got {type(moments).__name__}")
     gamma = check_tensor(
@@ -64,26 +70,33 @@ def quadratic_loss(gamma: torch.Tensor, moments: Moments) -> float:
     return float(gamma @ moments.sigma @ gamma - 2 * moments.b @ gamma + moments.c)
 
 
-def ball_constrained_least_squares(
-    moments: Moments, c0: float, *, tol: float = 1e-12
-) -> torch.Tensor:
-    """Exact minimiser of the quadratic loss over the ball :math:`\\|\\gamma\\|_2 \\le c_0`.
+def _check_radius(name: str, c0) -> float:
+    if isinstance(c0, bool) or not isinstance(c0, (int, float)):
+        raise TypeError(f"{name} must be a real number, got {type(c0).__name__}")
+    c0 = float(c0)
+    if not c0 > 0:  # also rejects NaN
+        raise ValueError(f"{name} must be > 0, got {c0}")
+    return c0
 
-    The KKT conditions give :math:`\\gamma(\\lambda) = (\\Sigma + \\lambda I)^{-1} b` with
-    :math:`\\lambda \\ge 0`: :math:`\\lambda = 0` if the unconstrained (minimum-norm) minimiser
-    lies in the ball, otherwise the unique :math:`\\lambda > 0` with
-    :math:`\\|\\gamma(\\lambda)\\| = c_0`, found by bisection on the eigenbasis of :math:`\\Sigma`
-    (the norm is decreasing in :math:`\\lambda`). ``c0 = inf`` means no constraint.
+
+def ball_constrained_path(moments: Moments, c0s, *, tol: float = 1e-12) -> torch.Tensor:
+    r"""Exact minimisers of the quadratic loss over balls :math:`\|\gamma\|_2 \le c_0`.
+
+    One eigendecomposition of :math:`\Sigma` serves every radius in ``c0s`` (a sweep
+    of Chapter 1's constraint). Returns a float64 tensor of shape ``(len(c0s), k)``, row
+    ``i`` the minimiser for ``c0s[i]``; see :func:`ball_constrained_least_squares` for
+    the method. ``inf`` means no constraint.
     """
     if not isinstance(moments, Moments):
         raise TypeError(f"moments must be a Moments, got {type(moments).__name__}")
-    if not (isinstance(c0, (int, float)) and not isinstance(c0, bool)):
-        raise TypeError(f"c0 must be a real number, got {type(c0).__name__}")
-    if not c0 > 0:
-        raise ValueError(f"c0 must be > 0, got {c0}")
-    evals, evecs = torch.linalg.eigh(moments.sigma)
+    if isinstance(c0s, (int, float)):
+        raise TypeError("c0s must be a sequence of radii, got a single number")
+    radii = [_check_radius("c0s", c) for c in c0s]
+    if not radii:
+        raise ValueError("c0s must hold at least one radius")
+    evals, evecs = torch.linalg.eigh(moments.sigma.double())
     evals = evals.clamp_min(0.0)
-    beta = evecs.T @ moments.b
+    beta = evecs.T @ moments.b.double()
     scale = max(float(evals.max()), 1e-300)
     positive = evals > scale * 1e-12
     # minimum-norm unconstrained minimiser (pseudo-inverse): only directions with signal
@@ -92,32 +105,54 @@ def ball_constrained_least_squares(
         beta / torch.where(positive, evals, torch.ones_like(evals)),
         torch.zeros_like(beta),
     )
-    if float(free.norm()) <= c0 and bool(
-        (beta[~positive].abs() <= 1e-12 * (1 + beta.abs().max())).all()
-    ):
-        return evecs @ free
+    in_range = bool((beta[~positive].abs() <= 1e-12 * (1 + beta.abs().max())).all())
+    free_norm = float(free.norm())
+    out = torch.empty(len(radii), len(beta), dtype=torch.float64)
+    for i, c0 in enumerate(radii):
+        if free_norm <= c0 and in_range:
+            out[i] = evecs @ free
+            continue
 
-    def norm_at(lam: float) -> float:
-        return float((beta / (evals + lam)).norm())
+        def norm_at(lam: float) -> float:
+            return float((beta / (evals + lam)).norm())
 
-    lo, hi = 0.0, max(scale, float(beta.norm()) / c0)
-    while norm_at(hi) > c0:
-        hi *= 2.0
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if norm_at(mid) > c0:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo <= tol * max(1.0, hi):
-            break
-    return evecs @ (beta / (evals + hi))
+        lo, hi = 0.0, max(scale, float(beta.norm()) / c0)
+        while norm_at(hi) > c0:
+            hi *= 2.0
+        for _ in range(200):
+            mid = 0.5 * (lo + hi)
+            if norm_at(mid) > c0:
+                lo = mid
+            else:
+                hi = mid
+            if hi - lo <= tol * max(1.0, hi):
+                break
+        out[i] = evecs @ (beta / (evals + hi))
+    return out
+
+
+def ball_constrained_least_squares(
+    moments: Moments, c0: float, *, tol: float = 1e-12
+) -> torch.Tensor:
+    r"""Exact minimiser of the quadratic loss over a ball :math:`\|\gamma\|_2 \le c_0`.
+
+    The KKT conditions give :math:`\gamma(\lambda) = (\Sigma + \lambda I)^{-1} b` with
+    :math:`\lambda \ge 0`: :math:`\lambda = 0` if the unconstrained (minimum-norm)
+    minimiser lies in the ball, otherwise the unique :math:`\lambda > 0` with
+    :math:`\|\gamma(\lambda)\| = c_0`, found by bisection on the eigenbasis of
+    :math:`\Sigma` (the norm is decreasing in :math:`\lambda`). ``c0 = inf`` means no
+    constraint. Returns a float64 tensor of shape ``(k,)``.
+    """
+    c0 = _check_radius("c0", c0)
+    return ball_constrained_path(moments, [c0], tol=tol)[0]
 
 
 def linear_probe(
     features: torch.Tensor, y: torch.Tensor, c0: float = float("inf")
 ) -> torch.Tensor:
-    """Linear probing as problem (3): the empirical-risk minimiser with :math:`\\|\\gamma\\| \\le c_0`.
+    r"""Linear probing as problem (3): the constrained empirical-risk minimiser.
+
+    The constraint is :math:`\|\gamma\| \le c_0`.
 
     Returns the head ``gamma`` of shape ``(k,)`` (float64). Add a constant column to
     ``features`` for a bias.
@@ -136,14 +171,15 @@ def fine_tune(
     head_init: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
 ) -> tuple[nn.Module, torch.Tensor]:
-    """Fine-tune a copy of ``model`` and a linear head on ``(x, y)`` with squared loss.
+    r"""Fine-tune a copy of ``model`` and a linear head on ``(x, y)`` with squared loss.
 
     Full-batch Adam for ``steps`` steps on all parameters, starting from the pretrained
     weights and either ``head_init`` (LP-FT style) or a small random head (the usual
     fine-tuning; drawn from ``generator``). The number of steps acts as the implicit
-    constraint :math:`C(\\gamma; \\hat\\theta_{FM}) \\le c_0` of Chapter 1.
+    constraint :math:`C(\gamma; \hat\theta_{FM}) \le c_0` of Chapter 1.
 
-    Returns the fine-tuned copy and its head (float32).
+    Returns the fine-tuned copy (in the model's dtype) and its head as float64, like
+    every other head in this module (the head is trained in the model's dtype).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -154,15 +190,16 @@ def fine_tune(
     lr = check_float("lr", lr, minimum=0.0, strict_min=True)
     tuned = copy.deepcopy(model)
     with torch.no_grad():
-        k = features_fn(tuned, x[:1]).shape[1]
+        probe = features_fn(tuned, x[:1])
+    k, dtype = probe.shape[1], probe.dtype
     if head_init is None:
         g = generator if generator is not None else make_generator(0)
-        head = (0.01 * torch.randn(k, generator=g)).requires_grad_(True)
+        head = (0.01 * torch.randn(k, generator=g, dtype=dtype)).requires_grad_(True)
     else:
         head = (
             check_tensor("head_init", head_init, shape=(k,), floating=True)
             .detach()
-            .float()
+            .to(dtype)
             .clone()
             .requires_grad_(True)
         )
@@ -174,4 +211,4 @@ def fine_tune(
         loss.backward()
         opt.step()
     tuned.eval()
-    return tuned, head.detach()
+    return tuned, head.detach().double()

@@ -1,11 +1,14 @@
-"""The modular analysis of Chapter 1, end to end: pretrain, adapt, decompose.
+r"""The modular analysis of Chapter 1, end to end: pretrain, adapt, decompose, bound.
 
-Pretraining minimises the empirical masked-view loss of :class:`~fmlab.data.TwoViewLatentModel`
-with a :class:`~fmlab.models.MaskedViewPredictor`, keeping checkpoints. Adaptation is a
-linear probe on the representation (with a constant feature for the bias) under
-:math:`\\|\\gamma\\|_2 \\le c_0`, or fine-tuning. Population quantities are computed on a large
-fresh sample (``population_size`` draws), which plays the role of :math:`p_{\\text{task}}`:
-the minimal adaptation loss is then solved exactly for that quadratic.
+Pretraining minimises the empirical masked-view loss of
+:class:`~fmlab.data.TwoViewLatentModel` with a
+:class:`~fmlab.models.MaskedViewPredictor`, keeping checkpoints. Adaptation is a linear
+probe on the representation (with a constant feature for the bias) under
+:math:`\|\gamma\|_2 \le c_0`, or fine-tuning. Population quantities are computed on a
+large fresh sample, which plays the role of :math:`p_{\text{task}}`: the minimal
+adaptation loss is then solved exactly for that quadratic. Where a quantity only needs
+:math:`x_A`, the exact posterior :math:`p(c \mid x_A)` replaces the labels, so that no
+label noise enters (:func:`representation_excess_losses`, :func:`interface_bounds`).
 
 Used in Chapter 1 (``notebooks/01-pretraining-and-adaptation.ipynb``).
 """
@@ -13,19 +16,32 @@ Used in Chapter 1 (``notebooks/01-pretraining-and-adaptation.ipynb``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable, Mapping
 
 import torch
 
-from ._validate import check_int, check_tensor
-from .adapt import Moments, fine_tune, quadratic_loss, second_moments
+from ._validate import check_float, check_int, check_tensor
+from .adapt import (
+    Moments,
+    ball_constrained_least_squares,
+    ball_constrained_path,
+    fine_tune,
+    quadratic_loss,
+    second_moments,
+)
 from .data.latent import TwoViewConfig, TwoViewLatentModel
 from .models.mlp import MaskedViewPredictor
 from .repro import make_generator, seed_everything
-from .theory.decomposition import Decomposition, decompose_adaptation_loss
+from .theory.decomposition import (
+    Decomposition,
+    decompose_adaptation_loss,
+    posterior_readout,
+)
 from .train import cached, train
 
 __all__ = [
     "PretrainConfig",
+    "FineTuneConfig",
     "pretrain_masked_view",
     "load_checkpoint",
     "probe_features",
@@ -37,7 +53,12 @@ __all__ = [
     "fine_tune_population_loss",
     "DecompositionGrid",
     "decomposition_grid",
-    "interface_curve",
+    "representation_excess_losses",
+    "InterfaceBound",
+    "interface_bounds",
+    "interface_bound_at",
+    "interface_curves",
+    "plot_loss_map",
 ]
 
 
@@ -56,10 +77,31 @@ class PretrainConfig:
     seed: int = 0
 
     def __post_init__(self):
+        if not isinstance(self.world, TwoViewConfig):
+            raise TypeError(
+                f"world must be a TwoViewConfig, got {type(self.world).__name__}"
+            )
+        check_int("width", self.width, minimum=1)
+        check_int("rep_dim", self.rep_dim, minimum=1)
+        check_int("depth", self.depth, minimum=1)
         check_int("steps", self.steps, minimum=1)
         check_int("batch_size", self.batch_size, minimum=1)
+        check_float("lr", self.lr, minimum=0.0, strict_min=True)
         for c in self.checkpoints:
             check_int("checkpoints", c, minimum=0, maximum=self.steps)
+        check_int("seed", self.seed, minimum=0)
+
+
+@dataclass(frozen=True)
+class FineTuneConfig:
+    """Fine-tuning of Chapter 1: full-batch Adam on every weight and a fresh head."""
+
+    steps: int = 100
+    lr: float = 1e-3
+
+    def __post_init__(self):
+        check_int("steps", self.steps, minimum=1)
+        check_float("lr", self.lr, minimum=0.0, strict_min=True)
 
 
 def _build_model(cfg: PretrainConfig) -> MaskedViewPredictor:
@@ -70,11 +112,12 @@ def _build_model(cfg: PretrainConfig) -> MaskedViewPredictor:
 
 
 def pretrain_masked_view(cfg: PretrainConfig) -> dict:
-    """Pretrain (or load from the cache) and return ``{"losses", "checkpoints"}``.
+    r"""Pretrain (or load from the cache) and return ``{"losses", "checkpoints"}``.
 
     ``checkpoints`` maps each step in ``cfg.checkpoints`` to a state dict; ``losses`` is
     the mini-batch training loss at every step. Each mini-batch is a fresh draw, so the
-    empirical distribution :math:`\\hat p_{\\text{pre}}` has ``steps * batch_size`` examples.
+    empirical distribution :math:`\hat p_{\text{pre}}` has ``steps * batch_size``
+    examples.
     """
     if not isinstance(cfg, PretrainConfig):
         raise TypeError(f"cfg must be a PretrainConfig, got {type(cfg).__name__}")
@@ -112,6 +155,8 @@ def pretrain_masked_view(cfg: PretrainConfig) -> dict:
 
 def load_checkpoint(cfg: PretrainConfig, state: dict) -> MaskedViewPredictor:
     """A model of ``cfg``'s architecture holding the weights ``state``."""
+    if not isinstance(cfg, PretrainConfig):
+        raise TypeError(f"cfg must be a PretrainConfig, got {type(cfg).__name__}")
     model = _build_model(cfg)
     model.load_state_dict(state)
     model.eval()
@@ -119,7 +164,7 @@ def load_checkpoint(cfg: PretrainConfig, state: dict) -> MaskedViewPredictor:
 
 
 def probe_features(model: MaskedViewPredictor, xa: torch.Tensor) -> torch.Tensor:
-    """The linear probe's inputs: the representation :math:`\\phi(x_A)` and a constant 1."""
+    r"""The linear probe's inputs: the representation :math:`\phi(x_A)` and a 1."""
     xa = check_tensor("xa", xa, ndim=2, floating=True)
     f = model.features(xa)
     return torch.cat([f, torch.ones(len(f), 1, dtype=f.dtype)], dim=1)
@@ -129,7 +174,7 @@ def probe_features(model: MaskedViewPredictor, xa: torch.Tensor) -> torch.Tensor
 def pretraining_loss(
     model: MaskedViewPredictor, world: TwoViewLatentModel, n: int, seed: int
 ) -> float:
-    """The pretraining loss on ``n`` fresh draws (the population loss :math:`L_{\\text{pre}}` for large n)."""
+    r"""The pretraining loss on ``n`` fresh draws (:math:`L_{\text{pre}}`, large n)."""
     n = check_int("n", n, minimum=1)
     _, xa, xb = world.sample(n, make_generator(seed))
     return float((model(xa) - xb).pow(2).mean())
@@ -160,7 +205,8 @@ class TaskSample:
 def draw_task_sample(
     world: TwoViewLatentModel, signs: torch.Tensor, n: int, seed: int
 ) -> TaskSample:
-    """``n`` labelled examples of the task :math:`y = s_c` (the empirical :math:`\\hat p_{\\text{task}}`)."""
+    r"""``n`` labelled examples of the task :math:`y = s_c` (the empirical
+    :math:`\hat p_{\text{task}}`)."""
     c, xa, _ = world.sample(check_int("n", n, minimum=1), make_generator(seed))
     return TaskSample(xa=xa, y=signs[c].float(), seed=seed)
 
@@ -169,7 +215,7 @@ def draw_task_sample(
 def decompose_at(
     model: MaskedViewPredictor, sample: TaskSample, population: Moments, c0: float
 ) -> Decomposition:
-    """Eq. (6) for a linear probe with :math:`\\|\\gamma\\| \\le c_0` trained on ``sample``."""
+    r"""Eq. (6) for a probe with :math:`\|\gamma\| \le c_0` trained on ``sample``."""
     empirical = second_moments(probe_features(model, sample.xa), sample.y)
     return decompose_adaptation_loss(empirical, population, c0)
 
@@ -179,30 +225,38 @@ def fine_tune_population_loss(
     sample: TaskSample,
     world: TwoViewLatentModel,
     signs: torch.Tensor,
+    cfg: FineTuneConfig,
     *,
-    steps: int,
-    lr: float,
     n_pop: int,
     seed: int,
 ) -> float:
-    """Fine-tune encoder and a fresh head on ``sample``; return the population task loss."""
+    """Fine-tune encoder and a fresh head on ``sample``; return the population loss.
+
+    The head starts at small random values drawn with ``seed``; the population loss is
+    the exact quadratic of ``n_pop`` fresh draws (another stream of the same seed).
+    """
+    if not isinstance(cfg, FineTuneConfig):
+        raise TypeError(f"cfg must be a FineTuneConfig, got {type(cfg).__name__}")
     tuned, head = fine_tune(
         model,
         probe_features,
         sample.xa,
         sample.y,
-        steps=steps,
-        lr=lr,
+        steps=cfg.steps,
+        lr=cfg.lr,
         generator=make_generator(seed),
     )
     with torch.no_grad():
         pop = task_moments(tuned, world, signs, n_pop, seed=10_000 + seed)
-    return quadratic_loss(head.double(), pop)
+    return quadratic_loss(head, pop)
 
 
 @dataclass(frozen=True)
 class DecompositionGrid:
-    """Terms of eq. (6) on a grid: each tensor has shape ``(len(ns), len(c0s), len(task_seeds))``."""
+    """Terms of eq. (6) on a grid.
+
+    Each tensor has shape ``(len(ns), len(c0s), len(task_seeds))``.
+    """
 
     ns: tuple[int, ...]
     c0s: tuple[float, ...]
@@ -210,6 +264,11 @@ class DecompositionGrid:
     minimal_loss: torch.Tensor
     generalization_error: torch.Tensor
     erm_slack: torch.Tensor
+
+
+def _quadratic_losses(heads: torch.Tensor, m: Moments) -> torch.Tensor:
+    """:func:`~fmlab.adapt.quadratic_loss` of every row of ``heads``."""
+    return ((heads @ m.sigma) * heads).sum(1) - 2 * heads @ m.b + m.c
 
 
 @torch.no_grad()
@@ -225,7 +284,9 @@ def decomposition_grid(
     """Eq. (6) for every task size ``n``, constraint ``c0`` and task-sample seed.
 
     For each ``(n, seed)`` one task sample is drawn and probed at every ``c0``, so the
-    curves over ``c0`` share their sample (as a practitioner's sweep would).
+    curves over ``c0`` share their sample (as a practitioner's sweep would). The
+    population minimisers are solved once per radius, the empirical ones once per sample
+    (one eigendecomposition for all radii).
     """
     ns = tuple(check_int("ns", n, minimum=1) for n in ns)
     c0s = tuple(float(c) for c in c0s)
@@ -234,50 +295,326 @@ def decomposition_grid(
     task_seeds = tuple(check_int("task_seeds", s, minimum=0) for s in task_seeds)
     if not (ns and c0s and task_seeds):
         raise ValueError("ns, c0s and task_seeds must each hold at least one value")
+    if not isinstance(population, Moments):
+        raise TypeError(
+            f"population must be a Moments, got {type(population).__name__}"
+        )
     shape = (len(ns), len(c0s), len(task_seeds))
     out = {
         k: torch.empty(shape, dtype=torch.float64)
         for k in ("L", "Lstar", "ge", "slack")
     }
+    g_star = ball_constrained_path(population, c0s)
+    L_star = _quadratic_losses(g_star, population)
     for i, n in enumerate(ns):
         for k, seed in enumerate(task_seeds):
             sample = draw_task_sample(world, signs, n, seed)
             empirical = second_moments(probe_features(model, sample.xa), sample.y)
-            for j, c0 in enumerate(c0s):
-                d = decompose_adaptation_loss(empirical, population, c0)
-                out["L"][i, j, k] = d.adapted_loss
-                out["Lstar"][i, j, k] = d.minimal_loss
-                out["ge"][i, j, k] = d.generalization_error
-                out["slack"][i, j, k] = d.erm_slack
+            g_task = ball_constrained_path(empirical, c0s)
+            L_task = _quadratic_losses(g_task, population)
+            Lhat_task = _quadratic_losses(g_task, empirical)
+            Lhat_star = _quadratic_losses(g_star, empirical)
+            out["L"][i, :, k] = L_task
+            out["Lstar"][i, :, k] = L_star
+            out["ge"][i, :, k] = (L_task - Lhat_task) + (Lhat_star - L_star)
+            out["slack"][i, :, k] = Lhat_star - Lhat_task
     return DecompositionGrid(ns, c0s, out["L"], out["Lstar"], out["ge"], out["slack"])
 
 
+def _excess_losses(psi: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    r"""The best probe's loss :math:`\hat{\mathbb{E}}(m_t - \gamma^\top\psi)^2`.
+
+    One value for each column :math:`m_t` of ``targets``.
+    """
+    out = torch.empty(targets.shape[1], dtype=torch.float64)
+    for t in range(targets.shape[1]):
+        mom = second_moments(psi, targets[:, t])
+        out[t] = quadratic_loss(ball_constrained_least_squares(mom, float("inf")), mom)
+    return out
+
+
+def _task_signs(world: TwoViewLatentModel, task_seeds) -> torch.Tensor:
+    seeds = tuple(check_int("task_seeds", s, minimum=0) for s in task_seeds)
+    if not seeds:
+        raise ValueError("task_seeds must hold at least one seed")
+    return torch.stack([world.task_signs(s) for s in seeds])
+
+
 @torch.no_grad()
-def interface_curve(
-    cfg: PretrainConfig,
+def representation_excess_losses(
     world: TwoViewLatentModel,
-    signs: torch.Tensor,
-    c0: float,
+    encoders: Mapping[str, Callable[[torch.Tensor], torch.Tensor]],
+    task_seeds,
     *,
-    n_pop: int,
+    n: int,
     seed: int,
 ) -> dict[str, torch.Tensor]:
-    """Population pretraining loss and minimal adaptation loss at every checkpoint of ``cfg``.
+    r"""Excess minimal adaptation loss (:math:`c_0 = \infty`) of representations.
 
-    Returns tensors ``steps``, ``pretraining_loss`` and ``minimal_adaptation_loss``.
+    For each representation ``encoders[name](x_A)`` (shape ``(n, k)``) and each task
+    ``world.task_signs(t)``, the best linear probe with a bias, fitted to :math:`m(x_A)
+    = \mathbb{E}[y \mid x_A]` on ``n`` fresh draws: since the label noise :math:`y - m`
+    is uncorrelated with every function of :math:`x_A`, this is
+    :math:`L^\star_{\text{adapt}}(c_0=\infty) - L^{\text{Bayes}}_{\text{task}}`,
+    estimated without label noise. Returns ``{name: tensor of shape
+    (len(task_seeds),)}``.
     """
-    from .adapt import ball_constrained_least_squares
+    if not isinstance(world, TwoViewLatentModel):
+        raise TypeError(
+            f"world must be a TwoViewLatentModel, got {type(world).__name__}"
+        )
+    if not isinstance(encoders, Mapping) or not encoders:
+        raise TypeError("encoders must be a non-empty mapping of name -> callable")
+    S = _task_signs(world, task_seeds)
+    n = check_int("n", n, minimum=2)
+    _, xa, _ = world.sample(n, make_generator(seed))
+    targets = world.posterior(xa) @ S.T
+    out = {}
+    for name, enc in encoders.items():
+        if not callable(enc):
+            raise TypeError(f"encoders[{name!r}] must be callable")
+        f = check_tensor(f"encoders[{name!r}](xa)", enc(xa), ndim=2, floating=True)
+        psi = torch.cat([f.double(), torch.ones(n, 1, dtype=torch.float64)], dim=1)
+        out[name] = _excess_losses(psi, targets)
+    return out
 
+
+@dataclass(frozen=True)
+class InterfaceBound:
+    """Both sides of Chapter 1's interface bound for one model and one task.
+
+    All numbers are averages over the same draws of :math:`x_A`, so the chain
+    ``excess_minimal_loss <= readout_loss <= bound`` holds exactly for them (the theorem
+    holds for every distribution of :math:`x_A`, the empirical one included).
+    """
+
+    excess_minimal_loss: float  # min_gamma E(m - gamma^T psi)^2 = L*(inf) - Bayes
+    readout_loss: float  # E(m - w^T f_theta)^2: the head used in the proof
+    excess_pretraining_loss: float  # E||f_theta - f*||^2 / d_B = L_pre - Bayes
+    constant: float  # kappa = d_B ||N^+ s||^2
+
+    @property
+    def bound(self) -> float:
+        r"""The right-hand side :math:`\kappa\,(L_{pre} - L_{pre}^{Bayes})`."""
+        return self.constant * self.excess_pretraining_loss
+
+
+@torch.no_grad()
+def interface_bounds(
+    model: MaskedViewPredictor,
+    world: TwoViewLatentModel,
+    task_seeds,
+    *,
+    n: int,
+    seed: int,
+) -> list[InterfaceBound]:
+    r"""Evaluate Chapter 1's interface bound on ``n`` fresh draws of :math:`x_A`.
+
+    For each task :math:`s` = ``world.task_signs(t)``, with
+    :math:`m(x_A) = \mathbb{E}[y \mid x_A] = s^\top p(x_A)`, :math:`f^\star = N^\top p`
+    the Bayes prediction of :math:`x_B`, :math:`f_\theta = D\phi_\theta + d` the model's
+    prediction, :math:`\psi = [\phi_\theta; 1]` the probe's features and
+    :math:`w = N^+ s`, it returns
+    :math:`\min_\gamma \hat{\mathbb{E}}(m - \gamma^\top\psi)^2` (the excess of the
+    minimal adaptation loss at :math:`c_0 = \infty` over the Bayes task loss),
+    :math:`\hat{\mathbb{E}}(m - w^\top f_\theta)^2`,
+    :math:`\hat{\mathbb{E}}\lVert f_\theta - f^\star\rVert^2 / d_B` (the excess
+    pretraining loss) and :math:`\kappa = d_B\lVert N^+ s\rVert^2`. The posterior is
+    exact, so the only randomness is the draw of :math:`x_A`. Everything is float64; the
+    model's prediction is recomputed in float64 from its features, so that
+    :math:`w^\top f_\theta` lies exactly in the span of the probe's features.
+    """
+    if not isinstance(model, MaskedViewPredictor):
+        raise TypeError(
+            f"model must be a MaskedViewPredictor, got {type(model).__name__}"
+        )
+    if not isinstance(world, TwoViewLatentModel):
+        raise TypeError(
+            f"world must be a TwoViewLatentModel, got {type(world).__name__}"
+        )
+    S = _task_signs(world, task_seeds)
+    n = check_int("n", n, minimum=2)
+    N = world.means_b
+    W = torch.stack([posterior_readout(N, s) for s in S])  # (T, d_B)
+    _, xa, _ = world.sample(n, make_generator(seed))
+    post = world.posterior(xa)
+    m = post @ S.T  # (n, T)
+    f_star = post @ N
+    phi = model.features(xa).double()
+    dec = model.decoder
+    f_theta = phi @ dec.weight.double().T + dec.bias.double()
+    psi = torch.cat([phi, torch.ones(n, 1, dtype=torch.float64)], dim=1)
+    best = _excess_losses(psi, m)
+    readout = (m - f_theta @ W.T).pow(2).mean(0)
+    excess_pre = float((f_theta - f_star).pow(2).sum(1).mean()) / N.shape[1]
+    kappa = N.shape[1] * W.pow(2).sum(1)
+    return [
+        InterfaceBound(
+            excess_minimal_loss=float(best[t]),
+            readout_loss=float(readout[t]),
+            excess_pretraining_loss=excess_pre,
+            constant=float(kappa[t]),
+        )
+        for t in range(len(S))
+    ]
+
+
+def interface_bound_at(
+    model: MaskedViewPredictor,
+    world: TwoViewLatentModel,
+    task_seed: int,
+    *,
+    n: int,
+    seed: int,
+) -> InterfaceBound:
+    """:func:`interface_bounds` for the single task ``world.task_signs(task_seed)``."""
+    return interface_bounds(model, world, (task_seed,), n=n, seed=seed)[0]
+
+
+@torch.no_grad()
+def interface_curves(
+    cfg: PretrainConfig,
+    world: TwoViewLatentModel,
+    task_seeds,
+    *,
+    n: int,
+    seed: int,
+) -> dict[str, torch.Tensor]:
+    """Both sides of the interface bound at every checkpoint of ``cfg``'s run.
+
+    Returns float64 tensors ``steps`` ``(C,)``, ``excess_pretraining_loss`` ``(C,)``,
+    ``excess_minimal_loss`` and ``readout_loss`` ``(C, T)``, ``constant`` ``(T,)`` and
+    ``bound`` ``(C, T)``, for the ``C`` checkpoints and ``T`` tasks.
+    """
     ckpts = pretrain_masked_view(cfg)["checkpoints"]
     steps = sorted(ckpts)
-    lpre, lstar = [], []
-    for step in steps:
-        model = load_checkpoint(cfg, ckpts[step])
-        lpre.append(pretraining_loss(model, world, n_pop, seed))
-        pop = task_moments(model, world, signs, n_pop, seed + 1)
-        lstar.append(quadratic_loss(ball_constrained_least_squares(pop, c0), pop))
+    rows = [
+        interface_bounds(
+            load_checkpoint(cfg, ckpts[s]), world, task_seeds, n=n, seed=seed
+        )
+        for s in steps
+    ]
+
+    def grab(attr):
+        return torch.tensor(
+            [[getattr(b, attr) for b in row] for row in rows], dtype=torch.float64
+        )
+
+    excess_pre = grab("excess_pretraining_loss")[:, 0]
+    constant = grab("constant")[0]
     return {
-        "steps": torch.tensor(steps),
-        "pretraining_loss": torch.tensor(lpre, dtype=torch.float64),
-        "minimal_adaptation_loss": torch.tensor(lstar, dtype=torch.float64),
+        "steps": torch.tensor(steps, dtype=torch.float64),
+        "excess_pretraining_loss": excess_pre,
+        "excess_minimal_loss": grab("excess_minimal_loss"),
+        "readout_loss": grab("readout_loss"),
+        "constant": constant,
+        "bound": excess_pre[:, None] * constant[None, :],
     }
+
+
+def plot_loss_map(ax=None):
+    """Chapter 1's map of the four losses of the modular analysis and who studies what.
+
+    The book's own drawing of the relations in Fig. 22 of Bommasani et al. (2021,
+    section 4.10): empirical and population pretraining loss, minimal adaptation loss,
+    and the downstream loss of the adapted model, with each arrow labelled by the
+    chapters of this book that study it. Returns the matplotlib axes.
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+    from .viz import PALETTE
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9.6, 5.4))
+    ax.set(xlim=(0, 10), ylim=(-0.3, 6.3))
+    ax.axis("off")
+    top, bottom, left, right = 5.0, 1.0, 1.6, 8.0
+    boxes = [
+        (
+            left,
+            top,
+            "empirical pretraining loss\n" r"$\widehat L_{pre}(\hat\theta_{FM})$",
+        ),
+        (right, top, "population pretraining loss\n" r"$L_{pre}(\hat\theta_{FM})$"),
+        (
+            right,
+            bottom,
+            "minimal adaptation loss\n" r"$L^\star_{adapt}(\hat\theta_{FM})$",
+        ),
+        (
+            left,
+            bottom,
+            "downstream loss\n" r"$L_{adapt}(\gamma_{task},\hat\theta_{FM})$",
+        ),
+    ]
+    colours = [PALETTE["sky"], PALETTE["sky"], PALETTE["orange"], PALETTE["orange"]]
+    w, h = 3.0, 1.0
+    for (x, y, text), colour in zip(boxes, colours):
+        ax.add_patch(
+            FancyBboxPatch(
+                (x - w / 2, y - h / 2),
+                w,
+                h,
+                boxstyle="round,pad=0.08",
+                fc=colour,
+                ec="black",
+                alpha=0.35,
+                lw=1.2,
+            )
+        )
+        ax.text(x, y, text, ha="center", va="center", fontsize=10)
+
+    def arrow(a, b, colour="black", ls="-", lw=1.6):
+        ax.add_patch(
+            FancyArrowPatch(
+                a, b, arrowstyle="-|>", mutation_scale=16, color=colour, lw=lw, ls=ls
+            )
+        )
+
+    def label(x, y, text, colour="black", ha="center"):
+        ax.text(x, y, text, ha=ha, va="center", fontsize=8.5, color=colour)
+
+    arrow((left + w / 2 + 0.1, top), (right - w / 2 - 0.1, top))
+    label(
+        (left + right) / 2,
+        top + 0.75,
+        "generalization of pretraining (standard theory)\n"
+        "Ch. 5: which minimiser the optimizer picks",
+    )
+    arrow(
+        (right, top - h / 2 - 0.1),
+        (right, bottom + h / 2 + 0.1),
+        PALETTE["red"],
+        lw=2.8,
+    )
+    label(
+        right - 0.2,
+        (top + bottom) / 2,
+        "the interface: a small $L_{pre}$ ⇒ a small $L^\\star_{adapt}$?\n"
+        "Ch. 1: a bound in a latent-class world\n"
+        "Ch. 2: contrastive theorems, where they break\n"
+        "Ch. 5: same $L_{pre}$, different downstream",
+        PALETTE["red"],
+        ha="right",
+    )
+    arrow((right - w / 2 - 0.1, bottom), (left + w / 2 + 0.1, bottom))
+    label(
+        (left + right) / 2,
+        bottom - 0.95,
+        "+ generalization error of the adaptation\n"
+        "Ch. 1: the decomposition (6)\n"
+        "Ch. 3: linear probing vs fine-tuning\n"
+        "Ch. 4: a kernel view of fine-tuning",
+    )
+    arrow(
+        (left, top - h / 2 - 0.1), (left, bottom + h / 2 + 0.1), PALETTE["purple"], "--"
+    )
+    label(
+        left + 0.15,
+        (top + bottom) / 2,
+        "in-context learning (Ch. 6):\nno adapted parameters,\noutside the framework",
+        PALETTE["purple"],
+        ha="left",
+    )
+    return ax

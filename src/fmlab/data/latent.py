@@ -1,21 +1,22 @@
-"""A two-view latent-class model: the pretraining distribution of Chapter 1.
+r"""A two-view latent-class model: the pretraining distribution of Chapter 1.
 
-A latent class :math:`c \\in \\{1, \\dots, K\\}` is drawn uniformly. The example has two
+A latent class :math:`c \in \{1, \dots, K\}` is drawn uniformly. The example has two
 parts that share it,
 
 .. math::
-    x_A = \\mu_c + \\sigma_A \\varepsilon_A \\in \\mathbb{R}^{d_A}, \\qquad
-    x_B = \\nu_c + \\sigma_B \\varepsilon_B \\in \\mathbb{R}^{d_B},
+    x_A = \mu_c + \sigma_A \varepsilon_A \in \mathbb{R}^{d_A}, \qquad
+    x_B = \nu_c + \sigma_B \varepsilon_B \in \mathbb{R}^{d_B},
 
 with standard normal noise. Pretraining hides :math:`x_B` and asks a model to predict it
 from :math:`x_A` (a masked-prediction, self-supervised loss). Because everything is
-Gaussian given :math:`c`, the posterior :math:`p(c \\mid x_A)` and hence the Bayes-optimal
-prediction :math:`\\mathbb{E}[x_B \\mid x_A] = \\sum_c p(c \\mid x_A)\\, \\nu_c` are exact.
+Gaussian given :math:`c`, the posterior :math:`p(c \mid x_A)` and hence the
+Bayes-optimal prediction :math:`\mathbb{E}[x_B \mid x_A] = \sum_c p(c \mid x_A)\, \nu_c`
+are exact.
 
-A downstream task labels each latent class with :math:`s_c \\in \\{-1, +1\\}`; the task is to
-predict :math:`y = s_c` from :math:`x_A`. With :math:`d_A` small and :math:`K` large, :math:`y`
-is far from a linear function of :math:`x_A`, but it is a linear function of the posterior,
-which a good pretrained representation carries.
+A downstream task labels each latent class with :math:`s_c \in \{-1, +1\}`; the task is
+to predict :math:`y = s_c` from :math:`x_A`. With :math:`d_A` small and :math:`K` large,
+:math:`y` is far from a linear function of :math:`x_A`, but it is a linear function of
+the posterior, which a good pretrained representation carries.
 
 Used in Chapter 1 (``notebooks/01-pretraining-and-adaptation.ipynb``).
 """
@@ -56,7 +57,7 @@ class TwoViewConfig:
 
 
 class TwoViewLatentModel:
-    """The pretraining distribution and its downstream tasks (see the module docstring)."""
+    """The pretraining distribution and its downstream tasks (see the module doc)."""
 
     def __init__(self, config: TwoViewConfig = TwoViewConfig()):
         if not isinstance(config, TwoViewConfig):
@@ -76,7 +77,7 @@ class TwoViewLatentModel:
     def sample(
         self, n: int, generator: torch.Generator
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Draw ``n`` examples: latent classes ``(n,)``, ``x_A`` ``(n, d_A)``, ``x_B`` ``(n, d_B)``.
+        """``n`` draws: classes ``(n,)``, ``x_A`` ``(n, d_A)``, ``x_B`` ``(n, d_B)``.
 
         Inputs are float32 (what models consume); the latent classes are int64.
         """
@@ -97,7 +98,7 @@ class TwoViewLatentModel:
 
     # -- exact Bayesian quantities ------------------------------------------------
     def posterior(self, xa: torch.Tensor) -> torch.Tensor:
-        """Exact :math:`p(c \\mid x_A)` for each row of ``xa``: shape ``(n, K)``, float64."""
+        r"""Exact :math:`p(c \mid x_A)` for every row of ``xa``, shape ``(n, K)``."""
         xa = check_tensor(
             "xa", xa, shape=(None, self.config.dim_a), floating=True
         ).double()
@@ -105,16 +106,16 @@ class TwoViewLatentModel:
         return torch.softmax(-sq / (2 * self.config.noise_a**2), dim=1)
 
     def bayes_prediction(self, xa: torch.Tensor) -> torch.Tensor:
-        """The Bayes-optimal prediction :math:`\\mathbb{E}[x_B \\mid x_A]`, shape ``(n, d_B)``."""
+        r"""The Bayes prediction :math:`\mathbb{E}[x_B \mid x_A]`, ``(n, d_B)``."""
         return self.posterior(xa) @ self.means_b
 
     def optimal_pretraining_loss(self, n: int = 200_000, seed: int = 12345) -> float:
-        """The smallest population pretraining loss any predictor of ``x_B`` can reach.
+        r"""The smallest population pretraining loss any predictor of ``x_B`` can reach.
 
         The loss is the mean squared error per coordinate of ``x_B``. Its minimum is
-        :math:`\\sigma_B^2 + \\mathbb{E}\\,\\mathrm{tr}\\,\\mathrm{Cov}(\\nu_c \\mid x_A) / d_B`; the
-        posterior covariance is exact, and the outer expectation is a Monte Carlo
-        average over ``n`` fresh inputs.
+        :math:`\sigma_B^2 + \mathbb{E}\,\mathrm{tr}\,\mathrm{Cov}(\nu_c \mid x_A) /
+        d_B`; the posterior covariance is exact, and the outer expectation is a Monte
+        Carlo average over ``n`` fresh inputs.
         """
         n = check_int("n", n, minimum=1)
         _, xa, _ = self.sample(n, make_generator(seed))
@@ -126,7 +127,7 @@ class TwoViewLatentModel:
 
     # -- downstream tasks ---------------------------------------------------------
     def task_signs(self, task_seed: int) -> torch.Tensor:
-        """A balanced labelling :math:`s \\in \\{-1,+1\\}^K` of the latent classes."""
+        r"""A balanced labelling :math:`s \in \{-1,+1\}^K` of the latent classes."""
         task_seed = check_int("task_seed", task_seed, minimum=0)
         K = self.config.n_classes
         perm = torch.randperm(K, generator=make_generator(task_seed))
@@ -137,9 +138,10 @@ class TwoViewLatentModel:
     def bayes_task_loss(
         self, signs: torch.Tensor, n: int = 200_000, seed: int = 54321
     ) -> float:
-        """The smallest population squared loss of any predictor of ``y = s_c`` from ``x_A``.
+        r"""The smallest population squared loss of any predictor of ``y = s_c``.
 
-        Equals :math:`\\mathbb{E}\\,\\mathrm{Var}(s_c \\mid x_A) = 1 - \\mathbb{E}[(\\sum_c p(c\\mid x_A) s_c)^2]`.
+        Equals :math:`\mathbb{E}\,\mathrm{Var}(s_c \mid x_A) = 1 - \mathbb{E}[(\sum_c
+        p(c\mid x_A) s_c)^2]`.
         """
         signs = check_tensor(
             "signs", signs, shape=(self.config.n_classes,), floating=True
