@@ -12,6 +12,7 @@ chapter proves (checked on random instances).
 
 import itertools
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -681,6 +682,10 @@ def test_pretrain_spectral_keeps_checkpoints_and_a_scrambled_start(
     fitted = pretrain_spectral(scr)["checkpoints"][0]
     G = MixtureOfManifolds(world).augmentation_graph()
     assert linear_probe_loss(fitted, G.labels, G.marginal).mse > 0.5
+    only_fit = pretrain_spectral(replace(scr, steps=0))
+    assert only_fit["losses"].numel() == 0
+    assert torch.equal(only_fit["checkpoints"][0], only_fit["features"])
+    assert linear_probe_loss(only_fit["features"], G.labels, G.marginal).mse > 0.5
 
 
 def test_config_validation_names_the_argument():
@@ -700,6 +705,8 @@ def test_config_validation_names_the_argument():
         SpectralConfig(fit_steps=5)
     with pytest.raises(ValueError, match="checkpoints"):
         SpectralConfig(steps=5, checkpoints=(6,))
+    with pytest.raises(ValueError, match="steps"):
+        SpectralConfig(steps=0)  # only a scrambled start may skip pretraining
     f, y, rho = _tiny_latent()
     with pytest.raises(ValueError, match="norm_bound"):
         best_head_loss(f, y, rho, 0.0)

@@ -356,7 +356,8 @@ class SpectralConfig:
     indicators
     :math:`\\sqrt{r}\\,e_{y(\\pi x)}` (``pi`` from
     :func:`~fmlab.data.contrastive.class_mixing_arc_map`), an exact minimiser of the
-    spectral loss whose linear probe is at chance, and then pretrains as usual.
+    spectral loss whose linear probe is at chance, and then pretrains as usual for
+    ``steps`` steps (``steps = 0``: the fitted MLP itself).
     """
 
     world: ManifoldConfig = field(default_factory=ManifoldConfig)
@@ -381,7 +382,9 @@ class SpectralConfig:
         check_int("rep_dim", self.rep_dim, minimum=1)
         check_int("width", self.width, minimum=1)
         check_int("depth", self.depth, minimum=1)
-        check_int("steps", self.steps, minimum=1)
+        check_choice("start", self.start, ("random", "scrambled"))
+        # a scrambled start may stop after the fit (steps = 0): no pretraining at all
+        check_int("steps", self.steps, minimum=0 if self.start == "scrambled" else 1)
         check_float("lr", self.lr, minimum=0.0, strict_min=True)
         check_float("init_scale", self.init_scale, minimum=0.0, strict_min=True)
         if not isinstance(self.checkpoints, tuple):
@@ -391,7 +394,6 @@ class SpectralConfig:
             )
         for c in self.checkpoints:
             check_int("checkpoints", c, minimum=0, maximum=self.steps)
-        check_choice("start", self.start, ("random", "scrambled"))
         check_int("fit_steps", self.fit_steps, minimum=0)
         if self.start == "scrambled":
             if self.encoder != "mlp":
@@ -467,6 +469,11 @@ def pretrain_spectral(cfg: SpectralConfig) -> dict:
                 lr=cfg.lr,
                 desc=f"fit to scrambled indicators (seed {cfg.seed})",
             )
+        if cfg.steps == 0:  # the fitted model itself
+            with torch.no_grad():
+                feats = model(x).double()
+            along = {0: feats.clone()} if 0 in cfg.checkpoints else {}
+            return {"losses": torch.empty(0), "features": feats, "checkpoints": along}
         loss = make_spectral_loss(W, torch.float32)  # checked once, not every step
         res = train(
             model,
@@ -713,7 +720,7 @@ def plot_trained_spectral(steps, adapt, bound, exact_bound, minimiser_loss, triv
     if adapt.shape != bound.shape or adapt.ndim != 2:
         raise ValueError("adapt and bound must be (seeds, checkpoints) of one shape")
     x = torch.as_tensor(steps).clamp_min(1)
-    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    fig, ax = plt.subplots(figsize=(8.2, 3.6))
     for i in range(adapt.shape[0]):
         col = colors[i % len(colors)]
         ax.plot(
@@ -731,24 +738,31 @@ def plot_trained_spectral(steps, adapt, bound, exact_bound, minimiser_loss, triv
         ylabel="squared loss of the best probe",
         title="Trained MLP encoders vs the guarantees",
     )
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     return fig
 
 
-def plot_probe_predictions(points, panels):
+def plot_probe_predictions(points, panels, title: str = ""):
     """Part III's figure: the probe's predicted class at every point, one panel per
-    ``(title, predicted labels)`` pair."""
+    ``(title, predicted labels)`` pair, under an overall ``title``."""
     import matplotlib.pyplot as plt
 
     colors = _colors()
     panels = list(panels)
     if not panels:
         raise ValueError("panels must hold at least one (title, labels) pair")
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.2))
-    for ax, (title, lab) in zip(list(axes), panels):
-        ax.scatter(points[:, 0], points[:, 1], c=[colors[int(c)] for c in lab], s=8)
-        ax.set(aspect="equal", title=title)
+    if not isinstance(title, str):
+        raise TypeError(f"title must be a string, got {type(title).__name__}")
+    fig, axes = plt.subplots(1, len(panels), figsize=(2.6 * len(panels), 3.0))
+    for ax, (name, lab) in zip(list(axes), panels):
+        ax.scatter(points[:, 0], points[:, 1], c=[colors[int(c)] for c in lab], s=6)
+        ax.set_title(name, fontsize=9)
+        ax.set(aspect="equal")
         ax.axis("off")
-    fig.tight_layout()
+    if title:
+        fig.suptitle(title, fontsize=10)
+        fig.tight_layout(rect=(0, 0, 1, 0.93))
+    else:
+        fig.tight_layout()
     return fig
