@@ -1,13 +1,18 @@
-"""Chapter 2's library: latent-class and augmentation-graph data, the two contrastive losses.
+"""Chapter 2's library: latent-class and augmentation-graph data, the two contrastive
+losses.
 
-Oracles: explicit enumeration of every (x, x+, x-) triple and every task, the matrix form
-||A-bar - F F^T||^2 of the spectral loss, double sums over vertex pairs, numpy least squares,
-Monte Carlo averages of the mini-batch losses, autograd gradients, and the inequalities the
+Oracles: explicit enumeration of every (x, x+, x-) triple and every task, the matrix
+form
+||A-bar - F F^T||^2 of the spectral loss, double sums over vertex pairs, numpy least
+squares,
+Monte Carlo averages of the mini-batch losses, autograd gradients, and the inequalities
+the
 chapter proves (checked on random instances).
 """
 
 import itertools
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -26,28 +31,36 @@ from fmlab.interface import (
     SphereEncoder,
     connectivity_sweep,
     pretrain_spectral,
+    scrambled_indicators,
+    spectral_along_training,
 )
 from fmlab.repro import make_generator
 from fmlab.theory.contrastive import (
+    approximate_minimizer_bound,
     automorphism_defect,
+    best_head_loss,
     class_means,
     collision_probability,
     contrastive_bound,
     contrastive_loss_on_triples,
     curl_terms,
+    jensen_slack_bound,
     label_leakage,
     laplacian_eigenvalues,
     linear_probe_loss,
     loss_at_zero,
+    make_spectral_loss,
     mean_classifier_loss,
     minimize_spectral_loss,
     normalized_adjacency,
+    outside_subspace,
     pointwise_loss,
     spectral_contrastive_loss,
     spectral_loss_on_pairs,
     spectral_minimizer,
     spectral_probe_bound,
     subspace_distance,
+    top_eigenvectors,
     unsupervised_contrastive_loss,
 )
 
@@ -72,16 +85,16 @@ def _random_graph(n=10, seed=0):
     return W / W.sum()
 
 
-# --------------------------------------------------------------------------- latent classes
+# ----------------------------------------------------------------------- latent classes
 @pytest.mark.parametrize("loss", ["logistic", "hinge"])
 def test_unsupervised_loss_matches_enumeration_of_all_triples(loss):
     f, y, rho = _tiny_latent()
     members = [[i for i in range(len(y)) if y[i] == c] for c in range(3)]
     total = 0.0
     for c, cn in itertools.product(range(3), repeat=2):
-        for i, j, l in itertools.product(members[c], members[c], members[cn]):
+        for i, j, n in itertools.product(members[c], members[c], members[cn]):
             p = rho[c] * rho[cn] / (len(members[c]) ** 2 * len(members[cn]))
-            total += float(p) * _ell(float(f[i] @ (f[j] - f[l])), loss)
+            total += float(p) * _ell(float(f[i] @ (f[j] - f[n])), loss)
     assert float(unsupervised_contrastive_loss(f, y, rho, loss=loss)) == pytest.approx(
         total, rel=1e-12
     )
@@ -194,7 +207,7 @@ def test_latent_class_model_structure_and_sampling():
     assert world.collision_probability() == pytest.approx(0.16 + 0.09 + 0.04 + 0.01)
 
 
-# --------------------------------------------------------------------------- spectral loss
+# ------------------------------------------------------------------------ spectral loss
 def test_spectral_loss_equals_double_sum_and_matrix_form():
     W = _random_graph(8)
     f = torch.randn(8, 3, generator=make_generator(2), dtype=torch.float64)
@@ -370,7 +383,7 @@ def test_laplacian_has_one_zero_eigenvalue_per_component():
     assert int((lam < 1e-10).sum()) == 9
 
 
-# --------------------------------------------------------------------------- interface helpers
+# -------------------------------------------------------------------- interface helpers
 def test_sphere_encoder_has_the_stated_norm():
     enc = SphereEncoder(2, width=8, rep_dim=5, radius=2.5)
     out = enc(torch.randn(7, 2))
@@ -477,4 +490,225 @@ def test_curl_along_training_reports_both_sides_at_every_checkpoint(
     assert out["steps"].tolist() == [0, 2, 4]
     assert bool((out["bound"] >= out["mean_classifier"] - 1e-12).all())
     assert float(out["tau"]) == pytest.approx(1 / 3)
-    assert set(out) >= {"unsupervised", "spread", "probe_error"}
+    assert set(out) >= {"unsupervised", "spread", "probe_error", "jensen_bound"}
+    assert bool((out["best_head_lower"] <= out["best_head"]).all())
+    assert bool((out["best_head"] <= out["mean_classifier"]).all())
+    assert bool((out["max_mean_gap"] <= 2 * cfg.radius + 1e-9).all())
+
+
+# --------------------------------------- best head, slack and approximate minimisers
+def _task_loss(gamma, f, y, a, b):
+    """Task {a, b}: E_a l(g^T f) / 2 + E_b l(-g^T f) / 2, logistic, by loops."""
+    fa = [f[i] for i in range(len(y)) if y[i] == a]
+    fb = [f[i] for i in range(len(y)) if y[i] == b]
+    la = np.mean([np.log1p(np.exp(-gamma @ v)) for v in fa])
+    lb = np.mean([np.log1p(np.exp(gamma @ v)) for v in fb])
+    return 0.5 * la + 0.5 * lb
+
+
+@pytest.mark.parametrize("c0", [0.3, 1.5, 50.0])
+def test_best_head_matches_a_constrained_scipy_solve_task_by_task(c0):
+    from scipy.optimize import minimize
+
+    f, y, rho = _tiny_latent()
+    fn, yn = f.numpy(), y.numpy()
+    res = best_head_loss(f, y, rho, c0, tol=1e-10)
+    tau = float((rho**2).sum())
+    total = 0.0
+    for a, b in itertools.combinations(range(3), 2):
+        cons = {"type": "ineq", "fun": lambda g: c0**2 - g @ g}
+        best = min(
+            minimize(
+                _task_loss,
+                x0,
+                args=(fn, yn, a, b),
+                method="SLSQP",
+                constraints=[cons],
+                options={"ftol": 1e-14, "maxiter": 500},
+            ).fun
+            for x0 in (np.zeros(3), np.full(3, 0.1), -np.full(3, 0.1))
+        )
+        total += 2 * float(rho[a] * rho[b]) / (1 - tau) * best
+        head = res.heads[a, b].numpy()
+        assert np.linalg.norm(head) <= c0 * (1 + 1e-12)
+        assert _task_loss(head, fn, yn, a, b) == pytest.approx(best, abs=1e-7)
+        assert torch.equal(res.heads[b, a], -res.heads[a, b])
+    assert res.lower - 1e-9 <= total <= res.loss + 1e-9
+    assert res.loss == pytest.approx(total, abs=1e-7)
+    assert 0 <= res.gap < 1e-6
+
+
+def test_best_head_is_never_worse_than_the_mean_classifier():
+    for seed in range(3):
+        g = make_generator(seed)
+        labels = torch.arange(4).repeat_interleave(5)
+        f = torch.randn(20, 3, generator=g, dtype=torch.float64)
+        f = 2.0 * f / f.norm(dim=1, keepdim=True)  # ||f|| = R = 2
+        rho = torch.full((4,), 0.25, dtype=torch.float64)
+        mu = class_means(f, labels)
+        assert float(torch.cdist(mu, mu).max()) <= 4.0
+        res = best_head_loss(f, labels, rho, 4.0)
+        assert res.loss <= float(mean_classifier_loss(f, labels, rho)) + 1e-12
+
+
+def test_jensen_slack_bound_matches_loops_and_bounds_the_slack():
+    f, y, rho = _tiny_latent()
+    K = 3
+    mu = class_means(f, y)
+    cov = []
+    for c in range(K):
+        d = f[y == c] - mu[c]
+        cov.append(d.T @ d / d.shape[0])
+    total = 0.0
+    for c, cn in itertools.product(range(K), repeat=2):
+        for i in torch.nonzero(y == c).flatten():
+            p = rho[c] * rho[cn] / int((y == c).sum())
+            total += float(p * f[i] @ (cov[c] + cov[cn]) @ f[i])
+    tau = float((rho**2).sum())
+    bound = jensen_slack_bound(f, y, rho)
+    assert bound == pytest.approx(total / (8 * (1 - tau)), rel=1e-12)
+    assert curl_terms(f, y, rho).slack <= bound + 1e-12
+    # collapsed classes: no spread, no slack
+    collapsed = mu[y]
+    assert jensen_slack_bound(collapsed, y, rho) == pytest.approx(0.0, abs=1e-15)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_approximate_minimizer_bound_holds_for_perturbed_and_random_encoders(seed):
+    g = make_generator(100 + seed)
+    n, k = 12, 3
+    A = torch.rand(n, n, generator=g, dtype=torch.float64)
+    A = A / A.sum(1, keepdim=True)
+    p = torch.rand(n, generator=g, dtype=torch.float64)
+    W = A.T @ ((p / p.sum())[:, None] * A)  # an augmentation graph: PSD A-bar
+    W = 0.5 * (W + W.T)
+    y = torch.randint(3, (n,), generator=g)
+    y[:3] = torch.arange(3)
+    sol = spectral_minimizer(W, k)
+    assert approximate_minimizer_bound(W, y, k, 0.0) == pytest.approx(
+        spectral_probe_bound(W, y, k), rel=1e-12
+    )
+    for scale in (1e-3, 1e-2, 1e-1, 1.0):
+        f = sol.features + scale * torch.randn(n, k, generator=g, dtype=torch.float64)
+        eps = float(spectral_contrastive_loss(f, W)) - sol.loss
+        assert eps >= -1e-12
+        bound = approximate_minimizer_bound(W, y, k, max(eps, 0.0))
+        assert linear_probe_loss(f, y, W.sum(1)).mse <= bound + 1e-12
+    assert approximate_minimizer_bound(W, y, k, 0.5) > approximate_minimizer_bound(
+        W, y, k, 0.1
+    )
+
+
+def test_approximate_minimizer_bound_is_infinite_without_an_eigengap():
+    world = MixtureOfManifolds(
+        ManifoldConfig(points_per_class=12, arcs=3, jitter_std=0.0)
+    )
+    G = world.augmentation_graph()
+    assert math.isinf(approximate_minimizer_bound(G.weights, G.labels, 3, 0.0))
+
+
+def test_outside_subspace_against_explicit_projections():
+    g = make_generator(5)
+    n = 10
+    p = torch.rand(n, generator=g, dtype=torch.float64)
+    p = p / p.sum()
+    U, _ = torch.linalg.qr(torch.randn(n, 4, generator=g, dtype=torch.float64))
+    f = torch.randn(n, 3, generator=g, dtype=torch.float64)
+    F = np.sqrt(p.numpy())[:, None] * f.numpy()
+    P_F = F @ np.linalg.pinv(F)
+    P_U = U.numpy() @ U.numpy().T
+    expected = float(np.linalg.norm((np.eye(n) - P_U) @ P_F) ** 2)
+    assert outside_subspace(f, U, p) == pytest.approx(expected, rel=1e-10)
+    inside = (U[:, :2] @ torch.randn(2, 3, generator=g, dtype=torch.float64)) / (
+        p.sqrt()[:, None]
+    )
+    assert outside_subspace(inside, U, p) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_top_eigenvectors_are_orthonormal_eigenvectors():
+    W = _random_graph(9, 3)
+    U = top_eigenvectors(W, 4)
+    Abar = normalized_adjacency(W)
+    nu = torch.linalg.eigvalsh(Abar).flip(0)[:4]
+    assert torch.allclose(U.T @ U, torch.eye(4, dtype=torch.float64), atol=1e-12)
+    assert torch.allclose(Abar @ U, U * nu, atol=1e-12)
+
+
+def test_make_spectral_loss_gives_exactly_the_same_numbers():
+    W = _random_graph(10, 1)
+    for dtype in (torch.float32, torch.float64):
+        f = torch.randn(10, 3, generator=make_generator(2)).to(dtype)
+        assert torch.equal(
+            make_spectral_loss(W, dtype)(f), spectral_contrastive_loss(f, W)
+        )
+    with pytest.raises(TypeError, match="dtype"):
+        make_spectral_loss(W, torch.int64)
+
+
+def test_scrambled_indicators_are_a_minimiser_with_a_probe_at_chance():
+    world = MixtureOfManifolds(
+        ManifoldConfig(points_per_class=12, arcs=3, jitter_std=0.0, along_std=0.3)
+    )
+    G = world.augmentation_graph()
+    f = scrambled_indicators(world)
+    assert float(spectral_contrastive_loss(f, G.weights)) == pytest.approx(
+        spectral_minimizer(G.weights, 3).loss, abs=1e-12
+    )
+    assert linear_probe_loss(f, G.labels, G.marginal).mse == pytest.approx(2 / 3)
+
+
+def test_pretrain_spectral_keeps_checkpoints_and_a_scrambled_start(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("FMLAB_CACHE_DIR", str(tmp_path))
+    world = ManifoldConfig(points_per_class=6, arcs=3, jitter_std=0.0, along_std=0.3)
+    cfg = SpectralConfig(world=world, width=8, steps=6, lr=1e-2, checkpoints=(0, 3, 6))
+    out = pretrain_spectral(cfg)
+    assert sorted(out["checkpoints"]) == [0, 3, 6]
+    assert torch.equal(out["checkpoints"][6], out["features"])
+    ev = spectral_along_training(cfg)
+    assert ev["steps"].tolist() == [0, 3, 6]
+    assert bool((ev["excess"] >= -1e-6).all())
+    assert math.isinf(float(ev["guarantee"][0]))  # no eigengap: nine arcs, k = 3
+    scr = SpectralConfig(
+        world=world,
+        width=16,
+        steps=1,
+        lr=1e-2,
+        start="scrambled",
+        fit_steps=300,
+        checkpoints=(0,),
+    )
+    fitted = pretrain_spectral(scr)["checkpoints"][0]
+    G = MixtureOfManifolds(world).augmentation_graph()
+    assert linear_probe_loss(fitted, G.labels, G.marginal).mse > 0.5
+    only_fit = pretrain_spectral(replace(scr, steps=0))
+    assert only_fit["losses"].numel() == 0
+    assert torch.equal(only_fit["checkpoints"][0], only_fit["features"])
+    assert linear_probe_loss(only_fit["features"], G.labels, G.marginal).mse > 0.5
+
+
+def test_config_validation_names_the_argument():
+    with pytest.raises(ValueError, match="lr"):
+        CurlConfig(lr=0.0)
+    with pytest.raises(TypeError, match="lr"):
+        CurlConfig(lr="fast")
+    with pytest.raises(ValueError, match="radius"):
+        CurlConfig(radius=-1.0)
+    with pytest.raises(TypeError, match="world"):
+        CurlConfig(world=ManifoldConfig())
+    with pytest.raises(ValueError, match="lr"):
+        SpectralConfig(lr=-1e-3)
+    with pytest.raises(ValueError, match="scrambled"):
+        SpectralConfig(encoder="table", start="scrambled", fit_steps=5)
+    with pytest.raises(ValueError, match="fit_steps"):
+        SpectralConfig(fit_steps=5)
+    with pytest.raises(ValueError, match="checkpoints"):
+        SpectralConfig(steps=5, checkpoints=(6,))
+    with pytest.raises(ValueError, match="steps"):
+        SpectralConfig(steps=0)  # only a scrambled start may skip pretraining
+    f, y, rho = _tiny_latent()
+    with pytest.raises(ValueError, match="norm_bound"):
+        best_head_loss(f, y, rho, 0.0)
+    with pytest.raises(ValueError, match="excess"):
+        approximate_minimizer_bound(_random_graph(6), torch.arange(6) % 2, 2, -1.0)

@@ -4,12 +4,16 @@ Used in ``notebooks/02-interface.ipynb``. Three experiments:
 
 * :func:`pretrain_curl` trains an encoder on sampled triples :math:`(x, x^+, x^-)` of a
   :class:`~fmlab.data.contrastive.LatentClassModel` and keeps checkpoints;
-  :func:`curl_along_training` evaluates both sides of Arora et al.'s bound exactly at each.
+  :func:`curl_along_training` evaluates both sides of Arora et al.'s bound exactly at
+  each.
 * :func:`connectivity_sweep` builds augmentation graphs of a
-  :class:`~fmlab.data.contrastive.MixtureOfManifolds` over a grid of augmentation strengths and
-  class separations, and computes, for the minimiser of the spectral contrastive loss, the
+  :class:`~fmlab.data.contrastive.MixtureOfManifolds` over a grid of augmentation
+  strengths and
+  class separations, and computes, for the minimiser of the spectral contrastive loss,
+  the
   minimal adaptation loss of a linear probe beside HaoChen et al.'s guarantee.
-* :func:`pretrain_spectral` minimises the population spectral contrastive loss over an MLP
+* :func:`pretrain_spectral` minimises the population spectral contrastive loss over an
+MLP
   encoder or a free lookup table (no inductive bias), for the counterexample section.
 """
 
@@ -26,15 +30,21 @@ from .data.contrastive import (
     LatentClassModel,
     ManifoldConfig,
     MixtureOfManifolds,
+    class_mixing_arc_map,
 )
 from .models.mlp import MLP
 from .repro import make_generator, seed_everything
 from .theory.contrastive import (
+    approximate_minimizer_bound,
+    best_head_loss,
+    class_means,
     contrastive_loss_on_triples,
     curl_terms,
+    jensen_slack_bound,
     label_leakage,
     laplacian_eigenvalues,
     linear_probe_loss,
+    make_spectral_loss,
     spectral_contrastive_loss,
     spectral_minimizer,
     within_class_spread,
@@ -51,11 +61,19 @@ __all__ = [
     "connectivity_sweep",
     "SpectralConfig",
     "pretrain_spectral",
+    "scrambled_indicators",
+    "spectral_along_training",
+    "plot_latent_class_training",
+    "plot_connectivity_sweep",
+    "render_sweep_state",
+    "plot_trained_spectral",
+    "plot_probe_predictions",
 ]
 
 
 class SphereEncoder(nn.Module):
-    """An MLP whose output is rescaled to the sphere of radius ``radius``: :math:`\\lVert f(x)\\rVert = R`.
+    """An MLP whose output is rescaled to the sphere of radius ``radius``:
+    :math:`\\lVert f(x)\\rVert = R`.
 
     Bounded representations keep the contrastive loss from being driven to zero by scale
     alone (Arora et al. assume :math:`\\lVert f(x)\\rVert \\le R`).
@@ -86,7 +104,8 @@ class SphereEncoder(nn.Module):
 
 @dataclass(frozen=True)
 class CurlConfig:
-    """Everything that determines a contrastively pretrained encoder on latent classes."""
+    """Everything that determines a contrastively pretrained encoder on latent
+    classes."""
 
     world: LatentClassConfig = field(default_factory=LatentClassConfig)
     width: int = 64
@@ -101,11 +120,26 @@ class CurlConfig:
     seed: int = 0
 
     def __post_init__(self):
+        if not isinstance(self.world, LatentClassConfig):
+            raise TypeError(
+                f"world must be a LatentClassConfig, got {type(self.world).__name__}"
+            )
+        check_int("width", self.width, minimum=1)
+        check_int("depth", self.depth, minimum=1)
+        check_int("rep_dim", self.rep_dim, minimum=1)
+        check_float("radius", self.radius, minimum=0.0, strict_min=True)
         check_int("steps", self.steps, minimum=1)
         check_int("batch_size", self.batch_size, minimum=1)
+        check_float("lr", self.lr, minimum=0.0, strict_min=True)
         check_choice("loss", self.loss, ("logistic", "hinge"))
+        if not isinstance(self.checkpoints, tuple):
+            raise TypeError(
+                "checkpoints must be a tuple of steps, got "
+                f"{type(self.checkpoints).__name__}"
+            )
         for c in self.checkpoints:
             check_int("checkpoints", c, minimum=0, maximum=self.steps)
+        check_int("seed", self.seed, minimum=0)
 
 
 def _curl_encoder(cfg: CurlConfig) -> SphereEncoder:
@@ -117,7 +151,8 @@ def _curl_encoder(cfg: CurlConfig) -> SphereEncoder:
 def pretrain_curl(cfg: CurlConfig) -> dict:
     """Train (or load from the cache) and return ``{"losses", "checkpoints"}``.
 
-    Each step draws a fresh batch of triples, so the training loss is an unbiased estimate
+    Each step draws a fresh batch of triples, so the training loss is an unbiased
+    estimate
     of the population loss :math:`L_{\\text{un}}` at the current parameters.
     """
     if not isinstance(cfg, CurlConfig):
@@ -150,7 +185,8 @@ def pretrain_curl(cfg: CurlConfig) -> dict:
 
 
 def load_curl_encoder(cfg: CurlConfig, state: dict) -> SphereEncoder:
-    """An encoder of ``cfg``'s shape with the weights ``state`` (a checkpoint), in eval mode."""
+    """An encoder of ``cfg``'s shape with the weights ``state`` (a checkpoint), in eval
+    mode."""
     if not isinstance(cfg, CurlConfig):
         raise TypeError(f"cfg must be a CurlConfig, got {type(cfg).__name__}")
     if not isinstance(state, dict):
@@ -160,44 +196,85 @@ def load_curl_encoder(cfg: CurlConfig, state: dict) -> SphereEncoder:
     return model.eval()
 
 
-def curl_along_training(cfg: CurlConfig) -> dict[str, torch.Tensor]:
-    """Exact :math:`L_{\\text{un}}`, :math:`L^{\\mu}_{\\text{sup}}` and the bound at every checkpoint.
+_CURL_EVAL_VERSION = 3  # bump when the evaluation below changes
 
-    Returns float64 tensors ``steps``, ``unsupervised``, ``mean_classifier``, ``bound``, ``spread``
-    (the within-class spread :math:`\\mathbb E\\lVert f(x)-\\mu_c\\rVert^2`), ``probe_error`` (error rate of the
-    least-squares :math:`K`-way linear probe with bias, on the population) and the scalar ``tau``.
+
+def curl_along_training(cfg: CurlConfig) -> dict[str, torch.Tensor]:
+    """Both sides of Arora et al.'s bound, and the best head, at every checkpoint
+    (exact).
+
+    Returns float64 tensors (one entry per checkpoint, in increasing step order):
+    ``steps``; ``unsupervised`` :math:`L_{\\text{un}}`; ``mean_classifier``
+    :math:`L^{\\mu}_{\\text{sup}}`; ``bound``; ``best_head`` and ``best_head_lower``,
+    the
+    interval that holds :math:`L^\\star_{\\text{adapt}}` (best head of norm at most
+    :math:`2R`, :func:`~fmlab.theory.contrastive.best_head_loss`; only for the logistic
+    loss, NaN otherwise); ``max_mean_gap``, the largest
+    :math:`\\lVert\\mu_c-\\mu_{c'}\\rVert`; ``jensen_bound``, the bound on the slack
+    (:func:`~fmlab.theory.contrastive.jensen_slack_bound`, logistic loss only);
+    ``spread`` (:math:`\\mathbb E\\lVert f(x)-\\mu_c\\rVert^2`); ``probe_error`` (error
+    rate
+    of the least-squares :math:`K`-way linear probe with bias, on the population); and
+    the
+    scalar ``tau``. The evaluation is cached beside the trained model.
     """
+    if not isinstance(cfg, CurlConfig):
+        raise TypeError(f"cfg must be a CurlConfig, got {type(cfg).__name__}")
     run = pretrain_curl(cfg)
-    world = LatentClassModel(cfg.world)
-    x = world.points.float()
-    steps = sorted(run["checkpoints"])
-    rows = []
-    for s in steps:
-        with torch.no_grad():
-            f = load_curl_encoder(cfg, run["checkpoints"][s])(x).double()
-        t = curl_terms(f, world.labels, world.class_probs, loss=cfg.loss)
-        probe = linear_probe_loss(
-            f, world.labels, world.class_probs[world.labels] / world.members.shape[1]
-        )
-        rows.append(
-            (
-                t.unsupervised,
-                t.mean_classifier,
-                t.bound,
-                within_class_spread(f, world.labels, world.class_probs),
-                probe.error,
+
+    def evaluate():
+        world = LatentClassModel(cfg.world)
+        x = world.points.float()
+        y, rho = world.labels, world.class_probs
+        steps = sorted(run["checkpoints"])
+        rows = []
+        for s in steps:
+            with torch.no_grad():
+                f = load_curl_encoder(cfg, run["checkpoints"][s])(x).double()
+            t = curl_terms(f, y, rho, loss=cfg.loss)
+            probe = linear_probe_loss(f, y, rho[y] / world.members.shape[1])
+            mu = class_means(f, y, rho.numel())
+            if cfg.loss == "logistic":
+                head = best_head_loss(f, y, rho, 2 * cfg.radius, tol=1e-6)
+                best, lower = head.loss, head.lower
+                jensen = jensen_slack_bound(f, y, rho)
+            else:
+                best = lower = jensen = float("nan")
+            rows.append(
+                (
+                    t.unsupervised,
+                    t.mean_classifier,
+                    t.bound,
+                    best,
+                    lower,
+                    float(torch.cdist(mu, mu).max()),
+                    jensen,
+                    within_class_spread(f, y, rho),
+                    probe.error,
+                )
             )
+        rows = torch.tensor(rows, dtype=torch.float64)
+        names = (
+            "unsupervised",
+            "mean_classifier",
+            "bound",
+            "best_head",
+            "best_head_lower",
+            "max_mean_gap",
+            "jensen_bound",
+            "spread",
+            "probe_error",
         )
-    rows = torch.tensor(rows, dtype=torch.float64)
-    return {
-        "steps": torch.tensor(steps),
-        "unsupervised": rows[:, 0],
-        "mean_classifier": rows[:, 1],
-        "bound": rows[:, 2],
-        "spread": rows[:, 3],
-        "probe_error": rows[:, 4],
-        "tau": torch.tensor(world.collision_probability(), dtype=torch.float64),
-    }
+        out = {name: rows[:, i].clone() for i, name in enumerate(names)}
+        out["steps"] = torch.tensor(steps)
+        out["tau"] = torch.tensor(world.collision_probability(), dtype=torch.float64)
+        return out
+
+    return cached(
+        {"config": cfg, "evaluation": _CURL_EVAL_VERSION},
+        evaluate,
+        name="ch2_curl_eval",
+    )
 
 
 @dataclass(frozen=True)
@@ -223,7 +300,8 @@ class SweepResult:
 def connectivity_sweep(
     base: ManifoldConfig, along_stds, separations, k: int
 ) -> SweepResult:
-    """For every (along_std, separation): graph, spectral minimiser, probe and guarantee."""
+    """For every (along_std, separation): graph, spectral minimiser, probe and
+    guarantee."""
     if not isinstance(base, ManifoldConfig):
         raise TypeError(f"base must be a ManifoldConfig, got {type(base).__name__}")
     along_stds = tuple(check_float("along_stds", s, minimum=0.0) for s in along_stds)
@@ -265,10 +343,21 @@ def connectivity_sweep(
 
 @dataclass(frozen=True)
 class SpectralConfig:
-    """An encoder trained on the exact population spectral contrastive loss of a manifold graph.
+    """An encoder trained on the exact population spectral contrastive loss of a
+    manifold graph.
 
-    ``encoder = "mlp"`` is an MLP on the input coordinates; ``"table"`` is a free vector per
+    ``encoder = "mlp"`` is an MLP on the input coordinates; ``"table"`` is a free vector
+    per
     point (a lookup table: any function of the input, no inductive bias).
+
+    ``start = "random"`` starts from the random initialisation. ``start = "scrambled"``
+    (MLP only, on a world with ``arcs > 1`` and ``rep_dim == n_classes``) first fits the
+    MLP for ``fit_steps`` Adam steps, by least squares, to the scrambled class
+    indicators
+    :math:`\\sqrt{r}\\,e_{y(\\pi x)}` (``pi`` from
+    :func:`~fmlab.data.contrastive.class_mixing_arc_map`), an exact minimiser of the
+    spectral loss whose linear probe is at chance, and then pretrains as usual for
+    ``steps`` steps (``steps = 0``: the fitted MLP itself).
     """
 
     world: ManifoldConfig = field(default_factory=ManifoldConfig)
@@ -279,14 +368,66 @@ class SpectralConfig:
     steps: int = 1500
     lr: float = 3e-3
     init_scale: float = 0.5
+    checkpoints: tuple[int, ...] = ()
+    start: str = "random"
+    fit_steps: int = 0
     seed: int = 0
 
     def __post_init__(self):
+        if not isinstance(self.world, ManifoldConfig):
+            raise TypeError(
+                f"world must be a ManifoldConfig, got {type(self.world).__name__}"
+            )
         check_choice("encoder", self.encoder, ("mlp", "table"))
         check_int("rep_dim", self.rep_dim, minimum=1)
-        check_int("steps", self.steps, minimum=1)
+        check_int("width", self.width, minimum=1)
+        check_int("depth", self.depth, minimum=1)
+        check_choice("start", self.start, ("random", "scrambled"))
+        # a scrambled start may stop after the fit (steps = 0): no pretraining at all
+        check_int("steps", self.steps, minimum=0 if self.start == "scrambled" else 1)
         check_float("lr", self.lr, minimum=0.0, strict_min=True)
         check_float("init_scale", self.init_scale, minimum=0.0, strict_min=True)
+        if not isinstance(self.checkpoints, tuple):
+            raise TypeError(
+                "checkpoints must be a tuple of steps, got "
+                f"{type(self.checkpoints).__name__}"
+            )
+        for c in self.checkpoints:
+            check_int("checkpoints", c, minimum=0, maximum=self.steps)
+        check_int("fit_steps", self.fit_steps, minimum=0)
+        if self.start == "scrambled":
+            if self.encoder != "mlp":
+                raise ValueError("start='scrambled' needs encoder='mlp'")
+            if self.world.arcs < 2 or self.rep_dim != self.world.n_classes:
+                raise ValueError(
+                    "start='scrambled' needs world.arcs >= 2 and rep_dim == "
+                    f"world.n_classes, got arcs={self.world.arcs}, "
+                    f"rep_dim={self.rep_dim}, n_classes={self.world.n_classes}"
+                )
+            if self.fit_steps < 1:
+                raise ValueError("start='scrambled' needs fit_steps >= 1")
+        elif self.fit_steps:
+            raise ValueError("fit_steps is only used with start='scrambled'")
+        check_int("seed", self.seed, minimum=0)
+
+
+def scrambled_indicators(world: MixtureOfManifolds) -> torch.Tensor:
+    """:math:`\\sqrt{r}\\,e_{y(\\pi x)}` at every point, with :math:`\\pi` from
+    :func:`~fmlab.data.contrastive.class_mixing_arc_map` (float64, ``(N, r)``).
+
+    With no jitter every arc is a component of the augmentation graph and :math:`\\pi`
+    an
+    automorphism, so this is an exact minimiser of :math:`L_{\\text{spec}}` with
+    :math:`k = r` outputs, and a linear probe on it is at chance (Chapter 2, Part III).
+    """
+    if not isinstance(world, MixtureOfManifolds):
+        raise TypeError(
+            f"world must be a MixtureOfManifolds, got {type(world).__name__}"
+        )
+    r, q = world.config.n_classes, world.config.arcs
+    perm = world.arc_permutation(class_mixing_arc_map(r, q))
+    onehot = torch.nn.functional.one_hot(world.labels[perm], r).double()
+    return r**0.5 * onehot
 
 
 class _Table(nn.Module):
@@ -301,8 +442,9 @@ class _Table(nn.Module):
 def pretrain_spectral(cfg: SpectralConfig) -> dict:
     """Minimise :math:`L_{\\text{spec}}` by full-batch Adam (cached).
 
-    Returns ``{"losses", "features"}``: the loss at every step and the final
-    :math:`f(x)` at every point (float64, shape ``(N, rep_dim)``).
+    Returns ``{"losses", "features", "checkpoints"}``: the loss at every step, the final
+    :math:`f(x)` at every point (float64, shape ``(N, rep_dim)``) and, for every step in
+    ``cfg.checkpoints``, :math:`f(x)` at that step.
     """
     if not isinstance(cfg, SpectralConfig):
         raise TypeError(f"cfg must be a SpectralConfig, got {type(cfg).__name__}")
@@ -317,16 +459,310 @@ def pretrain_spectral(cfg: SpectralConfig) -> dict:
             model = MLP([2] + [cfg.width] * cfg.depth + [cfg.rep_dim])
         else:
             model = _Table(world.n_points, cfg.rep_dim, cfg.init_scale)
+        if cfg.start == "scrambled":
+            target = scrambled_indicators(world).float()
+            train(
+                model,
+                lambda m, batch: (m(x) - target).pow(2).sum(1).mean(),
+                lambda step: None,
+                steps=cfg.fit_steps,
+                lr=cfg.lr,
+                desc=f"fit to scrambled indicators (seed {cfg.seed})",
+            )
+        if cfg.steps == 0:  # the fitted model itself
+            with torch.no_grad():
+                feats = model(x).double()
+            along = {0: feats.clone()} if 0 in cfg.checkpoints else {}
+            return {"losses": torch.empty(0), "features": feats, "checkpoints": along}
+        loss = make_spectral_loss(W, torch.float32)  # checked once, not every step
         res = train(
             model,
-            lambda m, batch: spectral_contrastive_loss(m(x), W),
+            lambda m, batch: loss(m(x)),
             lambda step: None,
             steps=cfg.steps,
             lr=cfg.lr,
+            checkpoints=cfg.checkpoints,
             desc=f"spectral pretraining ({cfg.encoder}, seed {cfg.seed})",
         )
         with torch.no_grad():
             feats = model(x).double()
-        return {"losses": res.losses, "features": feats}
+            along = {}
+            for step, state in res.checkpoints.items():
+                model.load_state_dict(state)
+                along[step] = model(x).double()
+        return {"losses": res.losses, "features": feats, "checkpoints": along}
 
     return cached(cfg, build, name="ch2_spectral")
+
+
+def spectral_along_training(cfg: SpectralConfig) -> dict[str, torch.Tensor]:
+    """Evaluate the encoder of ``cfg`` at each of its checkpoints, exactly (Part II).
+
+    Returns float64 tensors over ``cfg.checkpoints`` (in increasing order): ``steps``;
+    ``excess``, :math:`\\varepsilon = L_{\\text{spec}}(f_t) - \\min L_{\\text{spec}}`;
+    ``adapt``, :math:`L^\\star_{\\text{adapt}}(f_t)` (best linear probe with bias,
+    squared
+    loss on one-hot labels); ``guarantee``, the bound of
+    :func:`~fmlab.theory.contrastive.approximate_minimizer_bound` at that excess.
+    """
+    if not isinstance(cfg, SpectralConfig):
+        raise TypeError(f"cfg must be a SpectralConfig, got {type(cfg).__name__}")
+    if not cfg.checkpoints:
+        raise ValueError("cfg.checkpoints must name at least one step")
+    run = pretrain_spectral(cfg)
+    graph = MixtureOfManifolds(cfg.world).augmentation_graph()
+    best = spectral_minimizer(graph.weights, cfg.rep_dim).loss
+    steps = sorted(run["checkpoints"])
+    rows = []
+    for t in steps:
+        f = run["checkpoints"][t]
+        eps = float(spectral_contrastive_loss(f, graph.weights)) - best
+        adapt = linear_probe_loss(f, graph.labels, graph.marginal).mse
+        bound = approximate_minimizer_bound(
+            graph.weights, graph.labels, cfg.rep_dim, max(eps, 0.0)
+        )
+        rows.append((eps, adapt, bound))
+    rows = torch.tensor(rows, dtype=torch.float64)
+    return {
+        "steps": torch.tensor(steps),
+        "excess": rows[:, 0].clone(),
+        "adapt": rows[:, 1].clone(),
+        "guarantee": rows[:, 2].clone(),
+    }
+
+
+# --------------------------------------------------------------------------------------
+# figures of the chapter (the notebook's plotting cells call these)
+# --------------------------------------------------------------------------------------
+def _colors():
+    from .viz import PALETTE
+
+    return list(PALETTE.values())
+
+
+def plot_latent_class_training(world: LatentClassModel, curves, seeds):
+    """Part I's figure: the latent classes, both sides of the bound and the best head
+    along training, and the interface plot :math:`L^{\\mu}_{\\text{sup}}` vs
+    :math:`L_{\\text{un}}`. ``curves`` are :func:`curl_along_training` results."""
+    import math
+
+    import matplotlib.pyplot as plt
+
+    from .viz import PALETTE
+
+    if not isinstance(world, LatentClassModel):
+        raise TypeError(f"world must be a LatentClassModel, got {type(world).__name__}")
+    curves, seeds = list(curves), list(seeds)
+    if not curves or len(curves) != len(seeds):
+        raise ValueError("curves and seeds must be non-empty and of the same length")
+    colors = _colors()
+    tau, ell0 = world.collision_probability(), math.log(2)
+    fig, axes = plt.subplots(
+        1, 3, figsize=(13, 3.8), gridspec_kw={"width_ratios": [1, 1.3, 1.3]}
+    )
+    for c in range(world.config.n_classes):
+        pts = world.points[world.labels == c]
+        axes[0].scatter(pts[:, 0], pts[:, 1], s=6, color=colors[c % len(colors)])
+    axes[0].set(title="Latent classes (input space)", aspect="equal")
+    axes[0].axis("off")
+    for i, (s, cv) in enumerate(zip(seeds, curves)):
+        col = colors[i % len(colors)]
+        st = cv["steps"].clamp_min(1)
+        axes[1].plot(st, cv["bound"], "o-", color=col, ms=4, label=f"bound, seed {s}")
+        axes[1].plot(st, cv["mean_classifier"], "s--", color=col, ms=4, alpha=0.8)
+        axes[1].plot(st, cv["best_head"], "^:", color=col, ms=4, alpha=0.8)
+    axes[1].plot([], [], "k--s", ms=4, label=r"$L^\mu_{sup}$ (mean classifier)")
+    axes[1].plot([], [], "k:^", ms=4, label=r"$L^\star_{adapt}$ (best head)")
+    axes[1].axhline(ell0, color=PALETTE["black"], lw=1, ls="-.", label=r"$\ell(0)$")
+    axes[1].set(
+        xscale="log",
+        yscale="log",
+        xlabel="pretraining step (0 shown at 1)",
+        ylabel="population loss",
+        title="The chain along training",
+    )
+    axes[1].legend(fontsize=7, ncol=2)
+    hi = float(max(cv["unsupervised"].max() for cv in curves)) * 1.05
+    xs = torch.linspace(tau * ell0, hi, 50)
+    axes[2].axvspan(0, tau * ell0, color=PALETTE["red"], alpha=0.12)
+    axes[2].text(0.01, 0.02, r"$L_{un}<\tau\ell(0)$" "\nimpossible", fontsize=7)
+    axes[2].plot(xs, (xs - tau * ell0) / (1 - tau), color=PALETTE["black"], label="g")
+    for i, (s, cv) in enumerate(zip(seeds, curves)):
+        axes[2].plot(
+            cv["unsupervised"],
+            cv["mean_classifier"],
+            "o",
+            color=colors[i % len(colors)],
+            label=f"checkpoints, seed {s}",
+        )
+    axes[2].set(
+        xlabel=r"pretraining loss $L_{un}(f)$",
+        ylabel=r"$L^\mu_{sup}(f)$",
+        xlim=(0, hi),
+        ylim=(0, None),
+        title=r"The interface: $L^\mu_{sup}\leq g(L_{un})$",
+    )
+    axes[2].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def plot_connectivity_sweep(sweep: SweepResult, trivial: float):
+    """Part II's figure: :math:`L^\\star_{\\text{adapt}}` of the minimiser and the
+    guarantee
+    over the grid, what the two knobs do to the graph, and a heat map."""
+    import matplotlib.pyplot as plt
+
+    from .viz import PALETTE
+
+    if not isinstance(sweep, SweepResult):
+        raise TypeError(f"sweep must be a SweepResult, got {type(sweep).__name__}")
+    colors = _colors()
+    L, B = sweep.minimal_adaptation_loss, sweep.bound
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    for j, sep in enumerate(sweep.separations):
+        col = colors[j % len(colors)]
+        axes[0].plot(sweep.along_stds, L[:, j], "o-", color=col, label=f"sep. {sep}")
+        axes[0].plot(sweep.along_stds, B[:, j].clamp_max(10), ":", color=col)
+    axes[0].axhline(trivial, color=PALETTE["black"], lw=1, ls="--", label="constant")
+    axes[0].set(
+        xscale="log",
+        yscale="log",
+        ylim=(1e-4, 12),
+        xlabel="augmentation along the manifold $s$",
+        ylabel=r"$L^\star_{adapt}(f^\star)$ (solid), $\phi/\lambda_{k+1}$ (dotted)",
+        title="Better within-class connectivity",
+    )
+    axes[0].legend(fontsize=7)
+    axes[1].plot(
+        sweep.along_stds,
+        sweep.lambda_next[:, 0],
+        "o-",
+        color=PALETTE["blue"],
+        label=r"gap $\lambda_{k+1}$",
+    )
+    for j, sep in enumerate(sweep.separations):
+        axes[1].plot(
+            sweep.along_stds,
+            sweep.leakage[:, j],
+            "s--",
+            color=colors[j % len(colors)],
+            alpha=0.8,
+            label=rf"leakage $\phi$, sep. {sep}",
+        )
+    axes[1].set(
+        xscale="log", yscale="log", xlabel="$s$", title="What the knobs do to the graph"
+    )
+    axes[1].legend(fontsize=7)
+    im = axes[2].imshow(
+        L.T.clamp_min(1e-6).log10(), origin="lower", aspect="auto", cmap="viridis"
+    )
+    axes[2].set(
+        xticks=range(len(sweep.along_stds)),
+        xticklabels=sweep.along_stds,
+        yticks=range(len(sweep.separations)),
+        yticklabels=sweep.separations,
+        xlabel="$s$",
+        ylabel="separation",
+        title=r"$\log_{10} L^\star_{adapt}(f^\star)$",
+    )
+    fig.colorbar(im, ax=axes[2])
+    fig.tight_layout()
+    return fig
+
+
+def render_sweep_state(base: ManifoldConfig, s: float, sep: float, k: int, title: str):
+    """One state of Part II's slider: the circles coloured by :math:`f^\\star_2`, and
+    the
+    representation (coordinates 2 and 3, i.e. :math:`D^{1/2}f^\\star`) coloured by
+    class."""
+    import matplotlib.pyplot as plt
+
+    if not isinstance(base, ManifoldConfig):
+        raise TypeError(f"base must be a ManifoldConfig, got {type(base).__name__}")
+    colors = _colors()
+    graph = MixtureOfManifolds(replace(base, along_std=s, separation=sep))
+    G = graph.augmentation_graph()
+    fstar = spectral_minimizer(G.weights, k).features * G.marginal.sqrt()[:, None]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(7.6, 3.0))
+    a1.scatter(
+        G.points[:, 0].numpy(),
+        G.points[:, 1].numpy(),
+        c=fstar[:, 1].numpy(),
+        cmap="coolwarm",
+        s=9,
+    )
+    a1.set(aspect="equal", title=rf"$s$ = {s}, separation {sep}: colour = $f^\star_2$")
+    a1.axis("off")
+    for c in range(base.n_classes):
+        m = G.labels == c
+        a2.scatter(fstar[m, 1].numpy(), fstar[m, 2].numpy(), s=9, color=colors[c])
+    a2.set(
+        xticks=[], yticks=[], xlabel="coordinate 2", ylabel="coordinate 3", title=title
+    )
+    a2.grid(False)
+    fig.subplots_adjust(left=0.02, right=0.98, bottom=0.1, top=0.9, wspace=0.15)
+    return fig
+
+
+def plot_trained_spectral(steps, adapt, bound, exact_bound, minimiser_loss, trivial):
+    """Part II's trained encoders: :math:`L^\\star_{\\text{adapt}}(f_t)` and the
+    guarantee
+    for approximate minimisers along training (one line per seed), beside the guarantee
+    :math:`\\phi/\\lambda_{k+1}` of exact minimisers. ``adapt`` and ``bound`` are
+    ``(seeds, checkpoints)`` tensors."""
+    import matplotlib.pyplot as plt
+
+    from .viz import PALETTE
+
+    colors = _colors()
+    adapt, bound = torch.as_tensor(adapt), torch.as_tensor(bound)
+    if adapt.shape != bound.shape or adapt.ndim != 2:
+        raise ValueError("adapt and bound must be (seeds, checkpoints) of one shape")
+    x = torch.as_tensor(steps).clamp_min(1)
+    fig, ax = plt.subplots(figsize=(8.2, 3.6))
+    for i in range(adapt.shape[0]):
+        col = colors[i % len(colors)]
+        ax.plot(
+            x, adapt[i], "o-", color=col, ms=4, label=f"$L^\\star_{{adapt}}$, seed {i}"
+        )
+        ax.plot(x, bound[i], "s--", color=col, ms=4, alpha=0.8)
+    ax.plot([], [], "k--s", ms=4, label="guarantee for approx. minimisers")
+    ax.axhline(exact_bound, color=PALETTE["red"], lw=1.2, label=r"$\phi/\lambda_{k+1}$")
+    ax.axhline(minimiser_loss, color=PALETTE["black"], lw=1, ls=":", label="$f^\\star$")
+    ax.axhline(trivial, color=PALETTE["black"], lw=1, ls="--", label="constant")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="pretraining step (0 shown at 1)",
+        ylabel="squared loss of the best probe",
+        title="Trained MLP encoders vs the guarantees",
+    )
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    return fig
+
+
+def plot_probe_predictions(points, panels, title: str = ""):
+    """Part III's figure: the probe's predicted class at every point, one panel per
+    ``(title, predicted labels)`` pair, under an overall ``title``."""
+    import matplotlib.pyplot as plt
+
+    colors = _colors()
+    panels = list(panels)
+    if not panels:
+        raise ValueError("panels must hold at least one (title, labels) pair")
+    if not isinstance(title, str):
+        raise TypeError(f"title must be a string, got {type(title).__name__}")
+    fig, axes = plt.subplots(1, len(panels), figsize=(2.6 * len(panels), 3.0))
+    for ax, (name, lab) in zip(list(axes), panels):
+        ax.scatter(points[:, 0], points[:, 1], c=[colors[int(c)] for c in lab], s=6)
+        ax.set_title(name, fontsize=9)
+        ax.set(aspect="equal")
+        ax.axis("off")
+    if title:
+        fig.suptitle(title, fontsize=10)
+        fig.tight_layout(rect=(0, 0, 1, 0.93))
+    else:
+        fig.tight_layout()
+    return fig

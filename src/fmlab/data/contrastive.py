@@ -1,22 +1,33 @@
-"""Data for contrastive pretraining: latent classes, and augmentation graphs on manifolds.
+"""Data for contrastive pretraining: latent classes, and augmentation graphs on
+manifolds.
 
 Two generators, both with *finite support*, so that every population quantity of
 Chapter 2 (``notebooks/02-interface.ipynb``) is an exact finite sum rather than a Monte
 Carlo estimate.
 
-**Latent classes** (:class:`LatentClassModel`, the setting of Arora et al. 2019). A class
-:math:`c \\in \\{1,\\dots,K\\}` is drawn from :math:`\\rho`; each class has a distribution
-:math:`\\mathcal D_c`, here uniform over :math:`m` points of the plane, made of a few small
-clusters scattered over a grid, so that no class is linearly separable from the others in
-the raw input. A similar pair is :math:`x, x^+ \\sim \\mathcal D_c` i.i.d.; a negative is
+**Latent classes** (:class:`LatentClassModel`, the setting of Arora et al. 2019). A
+class
+:math:`c \\in \\{1,\\dots,K\\}` is drawn from :math:`\\rho`; each class has a
+distribution
+:math:`\\mathcal D_c`, here uniform over :math:`m` points of the plane, made of a few
+small
+clusters scattered over a grid, so that no class is linearly separable from the others
+in
+the raw input. A similar pair is :math:`x, x^+ \\sim \\mathcal D_c` i.i.d.; a negative
+is
 :math:`x^- \\sim \\mathcal D_{c^-}` with an independent :math:`c^- \\sim \\rho`.
 
-**Mixture of manifolds** (:class:`MixtureOfManifolds`, the test bed of HaoChen et al. 2021).
-Each class is a circle (a one-dimensional manifold) of :math:`m` points; the circles sit at
-the corners of a regular polygon whose side is the ``separation`` of neighbouring centres.
+**Mixture of manifolds** (:class:`MixtureOfManifolds`, the test bed of HaoChen et al.
+2021).
+Each class is a circle (a one-dimensional manifold) of :math:`m` points; the circles sit
+at
+the corners of a regular polygon whose side is the ``separation`` of neighbouring
+centres.
 Natural data :math:`\\bar x` is uniform over all points. An augmentation first moves
-:math:`\\bar x` *along its circle* by a wrapped Gaussian step of angular width ``along_std``
-(:math:`s`), then adds isotropic *jitter* of width ``jitter_std`` (:math:`\\varepsilon`) in the
+:math:`\\bar x` *along its circle* by a wrapped Gaussian step of angular width
+``along_std``
+(:math:`s`), then adds isotropic *jitter* of width ``jitter_std`` (:math:`\\varepsilon`)
+in the
 plane, both restricted to the finite point set (a point is chosen with probability
 proportional to the Gaussian weight). With ``arcs > 1`` each circle is broken into arcs
 separated by gaps and the step along the circle cannot leave its arc. The population
@@ -56,9 +67,9 @@ def _check_generator(generator) -> torch.Generator:
     return generator
 
 
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 # latent classes
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class LatentClassConfig:
     """Parameters of :class:`LatentClassModel`.
@@ -85,7 +96,8 @@ class LatentClassConfig:
                 or len(self.class_probs) != self.n_classes
             ):
                 raise ValueError(
-                    f"class_probs must be a tuple of {self.n_classes} probabilities, got {self.class_probs!r}"
+                    f"class_probs must be a tuple of {self.n_classes} probabilities, "
+                    f"got {self.class_probs!r}"
                 )
             for p in self.class_probs:
                 check_float("class_probs", p, minimum=0.0, strict_min=True)
@@ -96,7 +108,8 @@ class LatentClassConfig:
 
 
 class LatentClassModel:
-    """Finite-support latent-class model of similar pairs and negatives (module docstring).
+    """Finite-support latent-class model of similar pairs and negatives (module
+    docstring).
 
     Attributes
     ----------
@@ -150,8 +163,10 @@ class LatentClassModel:
     ) -> dict[str, torch.Tensor]:
         """Draw ``n`` triples :math:`(x, x^+, x^-)` and their classes.
 
-        Returns a dict with float32 inputs ``x``, ``x_pos``, ``x_neg`` of shape ``(n, 2)``,
-        the classes ``c`` and ``c_neg`` and the point indices ``i``, ``i_pos``, ``i_neg``.
+        Returns a dict with float32 inputs ``x``, ``x_pos``, ``x_neg`` of shape ``(n,
+        2)``,
+        the classes ``c`` and ``c_neg`` and the point indices ``i``, ``i_pos``,
+        ``i_neg``.
         """
         n = check_int("n", n, minimum=1)
         g = _check_generator(generator)
@@ -177,13 +192,14 @@ class LatentClassModel:
         c = self.config
         return (
             f"LatentClassModel(K={c.n_classes}, clusters/class={c.clusters_per_class}, "
-            f"points/class={self.members.shape[1]}, tau={self.collision_probability():.4f})"
+            f"points/class={self.members.shape[1]}, "
+            f"tau={self.collision_probability():.4f})"
         )
 
 
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 # mixture of manifolds and its augmentation graph
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class AugmentationGraph:
     """A population augmentation graph on finitely many points.
@@ -210,7 +226,8 @@ class AugmentationGraph:
 class ManifoldConfig:
     """Parameters of :class:`MixtureOfManifolds` (see the module docstring).
 
-    ``arc_fill`` is the fraction of each arc's share of the circle that holds points when
+    ``arc_fill`` is the fraction of each arc's share of the circle that holds points
+    when
     ``arcs > 1`` (the rest is a gap).
     """
 
@@ -236,14 +253,16 @@ class ManifoldConfig:
         )
         if self.points_per_class % self.arcs:
             raise ValueError(
-                f"points_per_class ({self.points_per_class}) must be a multiple of arcs ({self.arcs})"
+                f"points_per_class ({self.points_per_class}) must be a multiple of "
+                f"arcs ({self.arcs})"
             )
 
 
 def _gaussian_rows(
     d2: torch.Tensor, std: float, mask: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """Row-normalised Gaussian weights exp(-d2 / 2 std^2); std = 0 gives the identity."""
+    """Row-normalised Gaussian weights exp(-d2 / 2 std^2); std = 0 gives the
+    identity."""
     if std == 0.0:
         return torch.eye(d2.shape[0], dtype=torch.float64)
     logits = -d2 / (2 * std**2)
@@ -253,7 +272,8 @@ def _gaussian_rows(
 
 
 class MixtureOfManifolds:
-    """Circles in the plane, one per class, and their augmentation kernel (module docstring).
+    """Circles in the plane, one per class, and their augmentation kernel (module
+    docstring).
 
     Attributes
     ----------
@@ -302,7 +322,8 @@ class MixtureOfManifolds:
         return torch.full((self.n_points,), 1.0 / self.n_points, dtype=torch.float64)
 
     def augmentation_kernel(self) -> torch.Tensor:
-        """The row-stochastic matrix :math:`A(x \\mid \\bar x)`, shape ``(N, N)``, float64."""
+        """The row-stochastic matrix :math:`A(x \\mid \\bar x)`, shape ``(N, N)``,
+        float64."""
         if self._kernel is None:
             c = self.config
             d = self.angle[:, None] - self.angle[None, :]
@@ -317,7 +338,8 @@ class MixtureOfManifolds:
         return self._kernel
 
     def augmentation_graph(self) -> AugmentationGraph:
-        """The population augmentation graph :math:`w = A^\\top \\operatorname{diag}(p) A`."""
+        """The population augmentation graph :math:`w = A^\\top \\operatorname{diag}(p)
+        A`."""
         A = self.augmentation_kernel()
         W = A.T @ (self.natural_probs()[:, None] * A)
         W = 0.5 * (W + W.T)
@@ -328,7 +350,8 @@ class MixtureOfManifolds:
     def sample_pairs(
         self, n: int, generator: torch.Generator
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Indices ``(i, i_pos)`` of ``n`` positive pairs: two augmentations of one natural point."""
+        """Indices ``(i, i_pos)`` of ``n`` positive pairs: two augmentations of one
+        natural point."""
         n = check_int("n", n, minimum=1)
         g = _check_generator(generator)
         A = self.augmentation_kernel()
@@ -338,9 +361,11 @@ class MixtureOfManifolds:
         return i, i_pos
 
     def arc_permutation(self, arc_map) -> torch.Tensor:
-        """The point permutation that sends arc ``a`` onto arc ``arc_map[a]``, point by point.
+        """The point permutation that sends arc ``a`` onto arc ``arc_map[a]``, point by
+        point.
 
-        ``arc_map`` is a permutation of ``range(n_classes * arcs)``. When augmentations cannot
+        ``arc_map`` is a permutation of ``range(n_classes * arcs)``. When augmentations
+        cannot
         leave an arc (``jitter_std = 0``), every such map is an automorphism of the
         augmentation graph.
         """
@@ -350,7 +375,8 @@ class MixtureOfManifolds:
             torch.sort(arc_map).values, torch.arange(n_arcs)
         ):
             raise ValueError(
-                f"arc_map must be a permutation of range({n_arcs}), got {arc_map.tolist()}"
+                f"arc_map must be a permutation of range({n_arcs}), "
+                f"got {arc_map.tolist()}"
             )
         per_arc = self.config.points_per_class // self.config.arcs
         pos = torch.arange(self.n_points) % per_arc
@@ -359,7 +385,8 @@ class MixtureOfManifolds:
     def __repr__(self) -> str:
         c = self.config
         return (
-            f"MixtureOfManifolds(r={c.n_classes}, m={c.points_per_class}, separation={c.separation}, "
+            f"MixtureOfManifolds(r={c.n_classes}, m={c.points_per_class}, "
+            f"separation={c.separation}, "
             f"along_std={c.along_std}, jitter_std={c.jitter_std}, arcs={c.arcs})"
         )
 
@@ -367,7 +394,8 @@ class MixtureOfManifolds:
 def class_mixing_arc_map(n_classes: int, arcs: int) -> list[int]:
     """Send arc ``j`` of class ``c`` to arc ``j`` of class ``(c + j) mod n_classes``.
 
-    With ``arcs`` a multiple of ``n_classes`` every class is spread evenly over all classes,
+    With ``arcs`` a multiple of ``n_classes`` every class is spread evenly over all
+    classes,
     so a representation that was constant on classes becomes useless for the labels.
     """
     n_classes = check_int("n_classes", n_classes, minimum=2)
