@@ -62,8 +62,8 @@ def test_splits_use_the_right_styles_and_are_reproducible():
     a = w.source(20, torch.Generator().manual_seed(5))
     b = w.source(20, torch.Generator().manual_seed(5))
     assert torch.equal(a.x, b.x) and torch.equal(a.labels, b.labels)
-    # the empirical mean content of a type matches its mean (content noise 0.6):
-    # about 5000 draws of type 3, so each coordinate's mean is within 0.6 * 4 / 70
+    # the empirical mean content of a type matches its mean: about 5000 draws of type
+    # 3, so each coordinate's mean is within 4 standard errors, 0.8 * 4 / 70 < 0.05
     s = w.sample(20_000, (0,), torch.Generator().manual_seed(2))
     z = s.x.double() @ w.render[0]
     m = z[s.types == 3].mean(0)

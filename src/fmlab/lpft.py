@@ -555,7 +555,7 @@ class LPFTConfig:
     pretrain_batch: int = 256
     pretrain_lr: float = 3e-3
     label_smoothing: float = 0.1
-    n_train: int = 256
+    n_train: int = 384
     n_val: int = 2000
     n_test: int = 10_000
     ft_steps: int = 200

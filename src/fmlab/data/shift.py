@@ -58,7 +58,7 @@ class StyleShiftConfig:
     n_types: int = 128
     n_classes: int = 4
     type_spread: float = 1.5
-    content_noise: float = 0.6
+    content_noise: float = 0.8
     input_noise: float = 0.0
     seed: int = 0
 
