@@ -121,7 +121,7 @@ def test_gradient_flow_matches_scipy_and_conserves():
 
 def test_scalar_flow_closed_form():
     # k = d = n = 1: with v = b initially, v = b stays, and p = v*b solves
-    # dp/dt = -4 p (p - a) (x = 1, loss (p - a)^2), a logistic equation with a closed form.
+    # dp/dt = -4 p (p - a) (x = 1, loss (p - a)^2): a logistic equation, closed form.
     a, p0 = 2.0, 0.25
     X = torch.ones(1, 1, dtype=torch.float64)
     y = torch.tensor([a], dtype=torch.float64)

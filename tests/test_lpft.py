@@ -1,5 +1,7 @@
 """Tests of fmlab.lpft (Chapter 3) against independent oracles."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -7,14 +9,26 @@ import torch.nn.functional as F
 from scipy.optimize import minimize
 from torch import nn
 
+from fmlab.data.shift import StyleShiftConfig, StyleShiftWorld
 from fmlab.lpft import (
+    METHODS,
     LPFTConfig,
     accuracy,
+    build_encoder,
     feature_change,
+    feature_change_at_loss,
+    fine_tune_batch,
     fine_tune_classifier,
     layer_feature_change,
     linear_head,
+    matched_loss_change_ratio,
+    plot_accuracies,
+    plot_feature_change,
+    plot_learning_rate,
+    pretrain_encoder,
     random_head,
+    run_lpft_experiment,
+    select_by_validation,
     softmax_regression,
 )
 from fmlab.models.mlp import MLP
@@ -27,14 +41,17 @@ def _data(n=60, k=5, C=3, seed=0):
     return f, y
 
 
-def test_softmax_regression_matches_scipy():
+@pytest.mark.parametrize("alpha", [0.0, 0.1])
+def test_softmax_regression_matches_scipy(alpha):
     f, y = _data()
     l2 = 0.05
-    W, b = softmax_regression(f, y, 3, l2=l2)
+    W, b = softmax_regression(f, y, 3, l2=l2, label_smoothing=alpha)
 
     def obj(theta):
         t = torch.from_numpy(theta).reshape(3, 6).requires_grad_(True)
-        loss = F.cross_entropy(f @ t[:, :5].T + t[:, 5], y) + l2 * t[:, :5].pow(2).sum()
+        logits = f @ t[:, :5].T + t[:, 5]
+        loss = F.cross_entropy(logits, y, label_smoothing=alpha)
+        loss = loss + l2 * t[:, :5].pow(2).sum()
         (g,) = torch.autograd.grad(loss, t)
         return float(loss.detach()), g.numpy().ravel()
 
@@ -47,27 +64,43 @@ def test_softmax_regression_matches_scipy():
     assert np.allclose((b - b.mean()).numpy(), t[:, 5] - t[:, 5].mean(), atol=1e-5)
 
 
-def test_softmax_regression_stationary_point():
+def test_softmax_regression_stationary_point_and_warm_start():
     f, y = _data(seed=1)
-    W, b = softmax_regression(f, y, 3, l2=1e-3)
-    Wt, bt = W.clone().requires_grad_(True), b.clone().requires_grad_(True)
-    loss = F.cross_entropy(f @ Wt.T + bt, y) + 1e-3 * Wt.pow(2).sum()
-    gW, gb = torch.autograd.grad(loss, (Wt, bt))
-    assert float(gW.norm()) < 1e-8 and float(gb.norm()) < 1e-8
+    for alpha in (0.0, 0.2):
+        W, b = softmax_regression(f, y, 3, l2=1e-3, label_smoothing=alpha)
+        Wt, bt = W.clone().requires_grad_(True), b.clone().requires_grad_(True)
+        loss = F.cross_entropy(f @ Wt.T + bt, y, label_smoothing=alpha)
+        loss = loss + 1e-3 * Wt.pow(2).sum()
+        gW, gb = torch.autograd.grad(loss, (Wt, bt))
+        assert float(gW.norm()) < 1e-8 and float(gb.norm()) < 1e-8
+        # a warm start from another solution reaches the same optimum
+        W2, b2 = softmax_regression(
+            f, y, 3, l2=1e-3, label_smoothing=alpha, init=(W + 1.0, b - 0.5)
+        )
+        assert torch.allclose(W2, W, atol=1e-7)
 
 
 def test_binary_logistic_closed_form_symmetric_case():
-    # two points x = +1 (class 1) and x = -1 (class 0): the optimum has b equal and
-    # w1 - w0 = d solving sigmoid(-d) = 4 * l2 * d / 2 ... checked against brentq
+    # two points x = +1 (class 1) and x = -1 (class 0): by symmetry W = (-w, w) and
+    # the loss is log(1 + exp(-2w)) + 2 l2 w^2, whose root brentq finds
     from scipy.optimize import brentq
 
     f = torch.tensor([[1.0], [-1.0]], dtype=torch.float64)
     y = torch.tensor([1, 0])
     l2 = 0.1
     W, b = softmax_regression(f, y, 2, l2=l2)
-    # by symmetry W = (-w, w); loss = log(1 + exp(-2w)) + 2 l2 w^2; derivative zero:
     w = brentq(lambda w: -2 / (1 + np.exp(2 * w)) + 4 * l2 * w, 0, 10)
     assert np.allclose(W[:, 0].numpy(), [-w, w], atol=1e-8)
+
+
+def test_label_smoothing_has_a_finite_optimum_without_l2():
+    # separable data: with alpha > 0 the optimal logit gap is log((1 - a + a/C)/(a/C))
+    f = torch.tensor([[1.0], [-1.0]], dtype=torch.float64)
+    y = torch.tensor([1, 0])
+    alpha = 0.1
+    W, b = softmax_regression(f, y, 2, l2=0.0, label_smoothing=alpha)
+    gap = float((f @ W.T + b)[0, 1] - (f @ W.T + b)[0, 0])
+    assert gap == pytest.approx(math.log((1 - alpha / 2) / (alpha / 2)), abs=1e-6)
 
 
 def test_accuracy_and_feature_change_by_hand():
@@ -108,26 +141,133 @@ def test_fine_tune_first_layer_moves_only_in_span_of_inputs():
         y,
         lr=0.05,
         steps=30,
+        label_smoothing=0.1,
         track={"in": x, "out": torch.randn(5, 6) * torch.tensor([0, 0, 0, 1.0, 1, 1])},
     )
     dW = (res.encoder.net[0].weight - enc.net[0].weight).detach()
     assert float(dW[:, 3:].abs().max()) == 0.0 and float(dW[:, :3].abs().max()) > 1e-3
-    assert res.train_loss[-1] < res.train_loss[0]
+    assert res.train_loss[-1] < res.train_loss[0] and not res.diverged
     assert (
         res.trace["train_loss"].shape == res.trace_steps.shape == res.trace["in"].shape
     )
     assert float(res.trace["in"][0]) == 0.0
 
 
-def test_exact_probe_is_stationary_for_the_head():
-    # a head at the exact optimum on frozen features with l2 = 0 and a frozen encoder
-    # gives zero gradient for the head: fine-tuning only the head would not move it
-    f, y = _data(n=40, k=3, C=2, seed=3)
-    W, b = softmax_regression(f.float(), y, 2, l2=0.0, max_iter=200)
-    head = linear_head(W, b)
-    loss = F.cross_entropy(head(f.float()), y)
-    grads = torch.autograd.grad(loss, list(head.parameters()))
-    assert max(float(g.abs().max()) for g in grads) < 1e-5
+def test_fine_tune_classifier_matches_a_hand_written_loop():
+    # oracle: plain autograd with the update m <- 0.9 m + g, theta <- theta - lr m
+    torch.manual_seed(1)
+    enc = MLP([4, 5, 3], final_activation=True)
+    head = random_head(3, 2, torch.Generator().manual_seed(2))
+    x, y = torch.randn(16, 4), torch.randint(2, (16,))
+    res = fine_tune_classifier(
+        enc, head, x, y, lr=0.1, steps=7, momentum=0.9, label_smoothing=0.2
+    )
+    params = [p.detach().clone().requires_grad_(True) for p in enc.parameters()]
+    hp = [p.detach().clone().requires_grad_(True) for p in head.parameters()]
+    bufs = [torch.zeros_like(p) for p in params + hp]
+    for _ in range(7):
+        h = torch.relu(x @ params[0].T + params[1])
+        h = torch.relu(h @ params[2].T + params[3])
+        loss = F.cross_entropy(h @ hp[0].T + hp[1], y, label_smoothing=0.2)
+        grads = torch.autograd.grad(loss, params + hp)
+        with torch.no_grad():
+            for p, m, g in zip(params + hp, bufs, grads):
+                m.mul_(0.9).add_(g)
+                p.sub_(0.1 * m)
+    for p, q in zip(res.encoder.parameters(), params):
+        assert torch.allclose(p, q, atol=1e-6)
+    for p, q in zip(res.head.parameters(), hp):
+        assert torch.allclose(p, q, atol=1e-6)
+
+
+@pytest.mark.parametrize("depth", [0, 2])
+def test_fine_tune_batch_matches_separate_runs(depth):
+    cfg = LPFTConfig(
+        world=StyleShiftConfig(dim_input=12, dim_content=3, n_types=4),
+        depth=depth,
+        width=10,
+        rep_dim=8,
+    )
+    torch.manual_seed(0)
+    enc = build_encoder(cfg)
+    w = StyleShiftWorld(cfg.world)
+    g = torch.Generator().manual_seed(0)
+    tr = w.in_distribution(40, g)
+    heads = [random_head(8, 4, g) for _ in range(3)]
+    lrs = [0.01, 0.05, 0.2]
+    track = {"a": tr.x[:10]}
+    batch = fine_tune_batch(
+        enc,
+        heads,
+        tr.x,
+        tr.labels,
+        lrs=lrs,
+        steps=30,
+        label_smoothing=0.1,
+        track=track,
+        track_every=7,
+    )
+    for i in range(3):
+        one = fine_tune_classifier(
+            enc,
+            heads[i],
+            tr.x,
+            tr.labels,
+            lr=lrs[i],
+            steps=30,
+            label_smoothing=0.1,
+            track=track,
+            track_every=7,
+        )
+        for p, q in zip(one.encoder.parameters(), batch.encoders[i].parameters()):
+            assert torch.allclose(p, q, atol=1e-5)
+        for p, q in zip(one.head.parameters(), batch.heads[i].parameters()):
+            assert torch.allclose(p, q, atol=1e-5)
+        assert torch.allclose(one.train_loss, batch.train_loss[i], atol=1e-5)
+        assert torch.allclose(one.trace["a"], batch.trace["a"][i], atol=1e-5)
+    assert torch.equal(batch.trace_steps, one.trace_steps)
+    assert not bool(batch.diverged.any())
+
+
+def test_fine_tune_batch_flags_a_diverging_run_and_keeps_the_others():
+    cfg = LPFTConfig(
+        world=StyleShiftConfig(dim_input=12, dim_content=3, n_types=4), rep_dim=8
+    )
+    torch.manual_seed(0)
+    enc = build_encoder(cfg)
+    g = torch.Generator().manual_seed(0)
+    tr = StyleShiftWorld(cfg.world).in_distribution(40, g)
+    head = random_head(8, 4, g)
+    batch = fine_tune_batch(
+        enc, [head, head], tr.x, tr.labels, lrs=[0.05, 1e6], steps=20
+    )
+    one = fine_tune_classifier(enc, head, tr.x, tr.labels, lr=0.05, steps=20)
+    assert batch.diverged.tolist() == [False, True]
+    assert torch.allclose(one.train_loss, batch.train_loss[0], atol=1e-5)
+
+
+def test_select_by_validation_brute_force():
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(200):
+        scores = torch.randint(0, 4, (5,), generator=gen).double().tolist()
+        order = torch.randperm(5, generator=gen).tolist()
+        got = select_by_validation(scores, order)
+        best = max(scores)
+        # the first index in `order` that attains the maximum
+        assert got == [i for i in order if scores[i] == best][0]
+    assert select_by_validation([0.5, math.nan, 0.7], [0, 1, 2]) == 2
+    assert select_by_validation([0.7, 0.7, 0.1], [2, 1, 0]) == 1
+
+
+def test_feature_change_at_loss_and_matched_ratio_by_hand():
+    ft = torch.tensor(
+        [[1.0, 0.0, 0.0], [0.6, 2.0, 0.0], [0.4, 3.0, 0.0], [0.2, 5.0, 0.0]],
+        dtype=torch.float64,
+    )
+    lpft = torch.tensor([[0.7, 0.0, 0.0], [0.5, 0.5, 0.0]], dtype=torch.float64)
+    assert feature_change_at_loss(ft, 0.5) == 3.0  # first record with loss <= 0.5
+    assert feature_change_at_loss(ft, 0.1) == 5.0  # never reached: the last record
+    assert matched_loss_change_ratio(ft, lpft) == pytest.approx(3.0 / 0.5)
 
 
 def test_invalid_arguments_name_the_argument():
@@ -138,6 +278,8 @@ def test_invalid_arguments_name_the_argument():
         softmax_regression(f, y.double(), 3, l2=0.1)
     with pytest.raises(ValueError, match="l2"):
         softmax_regression(f, y, 3, l2=-1.0)
+    with pytest.raises(ValueError, match="label_smoothing"):
+        softmax_regression(f, y, 3, l2=0.1, label_smoothing=1.5)
     with pytest.raises(ValueError, match="features and labels"):
         softmax_regression(f[:5], y, 3, l2=0.1)
     enc = MLP([5, 4], final_activation=True)
@@ -149,7 +291,104 @@ def test_invalid_arguments_name_the_argument():
         fine_tune_classifier(enc, enc, f.float(), y, lr=0.1, steps=1)
     with pytest.raises(TypeError, match="generator"):
         random_head(4, 3, 0)
+    with pytest.raises(ValueError, match="lrs"):
+        fine_tune_batch(
+            enc, [random_head(4, 3, torch.Generator())], f.float(), y, lrs=[], steps=1
+        )
+    with pytest.raises(ValueError, match="encoder must be an MLP"):
+        fine_tune_batch(
+            MLP([5, 4]), [random_head(4, 3, torch.Generator())], f.float(), y,
+            lrs=[0.1], steps=1,
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="order"):
+        select_by_validation([0.1, 0.2], [0, 0])
     with pytest.raises(ValueError, match="n_track"):
-        LPFTConfig(n_track=10_000)
+        LPFTConfig(n_track=100_000)
     with pytest.raises(ValueError, match="lrs"):
         LPFTConfig(lrs=())
+    with pytest.raises(ValueError, match="lrs must be strictly increasing"):
+        LPFTConfig(lrs=(0.1, 0.01))
+    with pytest.raises(ValueError, match="feature_norm"):
+        LPFTConfig(feature_norm=0.0)
+    with pytest.raises(ValueError, match="seeds must be distinct"):
+        LPFTConfig(seeds=(1, 1, 2))
+
+
+# -- the experiment, on a tiny configuration -------------------------------------------
+TINY = LPFTConfig(
+    world=StyleShiftConfig(dim_input=16, dim_content=4, n_types=8),
+    rep_dim=16,
+    feature_norm=2.0,
+    pretrain_steps=30,
+    pretrain_batch=64,
+    n_train=48,
+    n_val=100,
+    n_test=200,
+    ft_steps=20,
+    lrs=(1e-3, 1e-2, 1e-1),
+    l2s=(1e-3, 1e-1),
+    seeds=(0, 1),
+    n_track=50,
+    track_every=10,
+)
+
+
+@pytest.fixture()
+def tiny_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("FMLAB_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("FMLAB_SEED_OFFSET", raising=False)
+    return tmp_path
+
+
+def test_pretrained_features_have_the_requested_norm(tiny_cache):
+    enc, losses = pretrain_encoder(TINY, 0)
+    assert losses.shape == (TINY.pretrain_steps,)
+    world = StyleShiftWorld(TINY.world)
+    x = world.source(20_000, torch.Generator().manual_seed(9)).x
+    with torch.no_grad():
+        norm = float(enc(x).norm(dim=1).mean())
+    assert norm == pytest.approx(TINY.feature_norm, rel=0.03)
+    assert enc.net[0].bias is None  # the first layer has no bias
+
+
+def test_run_lpft_experiment_is_consistent_and_cached(tiny_cache):
+    res = run_lpft_experiment(TINY)
+    S, G, R = 2, len(TINY.lrs), TINY.ft_steps // TINY.track_every + 1
+    for m in METHODS:
+        assert res["acc"][m].shape == (S, 2)
+        sweep = res["sweep"][m]
+        for s in range(S):
+            j = int(res["chosen_index"][m][s])
+            # the rule: best validation accuracy, ties to the conservative end
+            order = list(range(sweep.shape[1]))
+            order = order[::-1] if m == "lp" else order
+            assert j == select_by_validation(sweep[s, :, 0].tolist(), order)
+            assert torch.equal(res["acc"][m][s], sweep[s, j, 1:])
+            grid = TINY.l2s if m == "lp" else TINY.lrs
+            assert float(res["chosen"][m][s]) == grid[j]
+    for m in ("ft", "lpft"):
+        assert res["trace"][m].shape == (S, G, R, 3)
+        assert res["change"][m].shape == (S, G, 2)
+        # OOD inputs are orthogonal to every ID input: their features never move
+        assert float(res["ood_change_max"][m].max()) < 1e-4
+        assert float(res["change"][m][..., 0].min()) > 1e-4
+    assert torch.equal(res["trace_steps"], torch.arange(0, TINY.ft_steps + 1, 10))
+    files = list(tiny_cache.glob("ch03_lpft-*.pt"))
+    assert len(files) == 1
+    again = run_lpft_experiment(TINY)
+    assert torch.equal(again["acc"]["lpft"], res["acc"]["lpft"])
+
+
+def test_plot_functions_draw(tiny_cache):
+    import matplotlib.pyplot as plt
+
+    res = run_lpft_experiment(TINY)
+    for fig in (
+        plot_accuracies(res),
+        plot_learning_rate(res, TINY.lrs, 1),
+        plot_feature_change(res),
+    ):
+        assert fig.axes
+        plt.close(fig)
+    with pytest.raises(ValueError, match="index"):
+        plot_learning_rate(res, TINY.lrs, 5)

@@ -7,7 +7,7 @@ from fmlab.data.shift import StyleShiftConfig, StyleShiftWorld
 
 
 def test_styles_are_orthogonal_and_samples_follow_the_model():
-    cfg = StyleShiftConfig(input_noise=0.0)
+    cfg = StyleShiftConfig()
     w = StyleShiftWorld(cfg)
     R = w.render  # (J, D, p)
     gram = torch.einsum("idp,jdq->ijpq", R, R)
@@ -20,7 +20,7 @@ def test_styles_are_orthogonal_and_samples_follow_the_model():
             )
             assert torch.allclose(gram[i, j], want, atol=1e-12)
     s = w.sample(500, (2,), torch.Generator().manual_seed(0))
-    # without input noise, an input lies entirely in its style's subspace
+    # without input noise (the default), an input lies entirely in its style's subspace
     energy = w.style_coordinates(s.x)
     assert torch.allclose(
         energy[:, [0, 1, 3]], torch.zeros(500, 3, dtype=torch.float64), atol=1e-8
@@ -31,8 +31,30 @@ def test_styles_are_orthogonal_and_samples_follow_the_model():
     assert bool((s.styles == 2).all())
 
 
+def test_rendering_matches_the_formula_for_mixed_styles():
+    # oracle: x_i = R_{j_i} z_i computed one example at a time
+    cfg = StyleShiftConfig(dim_input=12, dim_content=3, n_types=5, input_noise=0.0)
+    w = StyleShiftWorld(cfg)
+    s = w.source(50, torch.Generator().manual_seed(4))
+    for i in range(50):
+        R = w.render[int(s.styles[i])]
+        z = R.T @ s.x[i].double()  # the content, since R has orthonormal columns
+        assert torch.allclose(R @ z, s.x[i].double(), atol=1e-6)
+        assert int((z @ w.rule.T).argmax()) == int(s.labels[i])
+
+
+def test_input_noise_adds_isotropic_noise():
+    cfg = StyleShiftConfig(dim_input=12, dim_content=3, input_noise=0.5)
+    w = StyleShiftWorld(cfg)
+    s = w.sample(20_000, (0,), torch.Generator().manual_seed(5))
+    # the energy outside style 0's subspace is pure noise: (D - p) * sigma^2 per input
+    outside = w.style_coordinates(s.x)[:, 1:].sum(1)
+    want = (cfg.n_styles - 1) * cfg.dim_content * cfg.input_noise**2
+    assert float(outside.mean()) == pytest.approx(want, rel=0.03)
+
+
 def test_splits_use_the_right_styles_and_are_reproducible():
-    w = StyleShiftWorld()
+    w = StyleShiftWorld(StyleShiftConfig(n_types=4))
     g = torch.Generator().manual_seed(1)
     assert bool((w.in_distribution(50, g).styles == 0).all())
     ood = w.out_of_distribution(3000, g).styles
@@ -40,11 +62,12 @@ def test_splits_use_the_right_styles_and_are_reproducible():
     a = w.source(20, torch.Generator().manual_seed(5))
     b = w.source(20, torch.Generator().manual_seed(5))
     assert torch.equal(a.x, b.x) and torch.equal(a.labels, b.labels)
-    # type means: the empirical mean content of a type matches its mean (content noise 0.6)
+    # the empirical mean content of a type matches its mean: about 5000 draws of type
+    # 3, so each coordinate's mean is within 4 standard errors, 0.8 * 4 / 70 < 0.05
     s = w.sample(20_000, (0,), torch.Generator().manual_seed(2))
     z = s.x.double() @ w.render[0]
     m = z[s.types == 3].mean(0)
-    assert torch.allclose(m, w.type_means[3], atol=0.1)
+    assert torch.allclose(m, w.type_means[3], atol=0.05)
 
 
 def test_invalid_arguments_name_the_argument():

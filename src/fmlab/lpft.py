@@ -1,28 +1,39 @@
 """Linear probing, fine-tuning and LP-FT for classification, and how far features move.
 
 The methods compared in Chapter 3 (``notebooks/03-lp-vs-ft.ipynb``), after
-:cite:t:`kumar2022finetuning`. A pretrained encoder :math:`\\phi_\\theta` and a linear head
-:math:`(W, b)` give logits :math:`W\\phi_\\theta(x) + b`; the adaptation loss is the
-cross-entropy on the :math:`n` labelled ID examples.
+:cite:t:`kumar2022finetuning`. A pretrained encoder :math:`\\phi_\\theta` and a
+linear head :math:`(W, b)` give logits :math:`W\\phi_\\theta(x) + b`; the adaptation
+loss is the cross-entropy with label smoothing :math:`\\alpha` on the :math:`n`
+labelled ID examples, :math:`\\ell(z, y) = -\\sum_c q_c
+\\log\\mathrm{softmax}(z)_c` with :math:`q = (1-\\alpha)e_y + \\alpha/C`.
 
 * **LP** freezes :math:`\\theta` and solves the convex problem
-  :math:`\\min_{W,b} \\frac1n\\sum_i \\mathrm{CE}(W\\phi(x_i)+b, y_i) + \\lambda\\lVert W\\rVert_F^2`
-  to numerical precision by Newton's method (:func:`softmax_regression`).
-* **FT** trains :math:`\\theta` and a randomly initialised head together (full-batch SGD with
-  momentum, :func:`fine_tune_classifier`).
+  :math:`\\min_{W,b} \\frac1n\\sum_i \\ell(W\\phi(x_i)+b, y_i)
+  + \\lambda\\lVert W\\rVert_F^2` to numerical precision by Newton's method
+  (:func:`softmax_regression`).
+* **FT** trains :math:`\\theta` and a randomly initialised head together (full-batch SGD
+  with momentum on the same loss, :func:`fine_tune_classifier`).
 * **LP-FT** runs the same fine-tuning from the LP head.
-* **Scratch** trains the same architecture from a random initialisation.
 
-The *feature change* of an input is :math:`\\lVert\\phi_{\\text{after}}(x) - \\phi_{\\text{before}}(x)\\rVert_2`;
-:func:`feature_change` averages it over a set of inputs. :func:`run_lpft_experiment` runs all
-four methods, each with a small hyper-parameter search on ID validation data only.
+Every hyper-parameter (:math:`\\lambda` for LP, the learning rate for FT and LP-FT) is
+chosen by one rule, :func:`select_by_validation`: the highest ID validation accuracy,
+ties going to the more conservative value.
+
+The *feature change* of an input is
+:math:`\\lVert\\phi_{\\text{after}}(x) - \\phi_{\\text{before}}(x)\\rVert_2`;
+:func:`feature_change` averages it over a set of inputs, and
+:func:`matched_loss_change_ratio` compares FT with LP-FT at the same training loss.
+:func:`run_lpft_experiment` runs LP, FT and LP-FT on many seeds; the ``plot_*``
+functions draw the chapter's figures.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -43,17 +54,35 @@ __all__ = [
     "layer_feature_change",
     "FineTuneResult",
     "fine_tune_classifier",
+    "BatchFineTuneResult",
+    "fine_tune_batch",
+    "select_by_validation",
     "LPFTConfig",
     "build_encoder",
     "pretrain_encoder",
     "run_lpft_experiment",
     "feature_change_at_loss",
+    "matched_loss_change_ratio",
+    "METHODS",
+    "plot_accuracies",
+    "plot_learning_rate",
+    "plot_feature_change",
 ]
+
+#: The three adaptation methods, in the order the chapter lists them.
+METHODS = ("lp", "ft", "lpft")
+_NAMES = {"lp": "LP", "ft": "FT", "lpft": "LP-FT"}
 
 
 # -- linear probing -------------------------------------------------------------------
-def _softmax_objective(theta, Ft, y, l2, k):
-    return F.cross_entropy(Ft @ theta.T, y) + l2 * theta[:, :k].pow(2).sum()
+def _soft_targets(labels, n_classes, label_smoothing):
+    onehot = F.one_hot(labels, n_classes).double()
+    return (1 - label_smoothing) * onehot + label_smoothing / n_classes
+
+
+def _softmax_objective(theta, Ft, Y, l2, k):
+    logp = torch.log_softmax(Ft @ theta.T, dim=1)
+    return -(Y * logp).sum(1).mean() + l2 * theta[:, :k].pow(2).sum()
 
 
 def softmax_regression(
@@ -62,18 +91,24 @@ def softmax_regression(
     n_classes: int,
     *,
     l2: float,
+    label_smoothing: float = 0.0,
+    init: tuple[torch.Tensor, torch.Tensor] | None = None,
     max_iter: int = 100,
     tol: float = 1e-9,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """L2-regularised multinomial logistic regression, solved by Newton's method.
 
-    Minimises :math:`\\frac1n\\sum_i \\mathrm{CE}(W f_i + b, y_i) + \\lambda\\lVert W\\rVert_F^2` (the
-    bias is not penalised). With :math:`P` the softmax probabilities and :math:`\\tilde f = (f, 1)`,
-    the gradient is :math:`\\frac1n (P - Y)^\\top \\tilde F` plus :math:`2\\lambda W`, and the Hessian
-    block of classes :math:`(a, b)` is
-    :math:`\\frac1n\\sum_i (P_{ia}\\delta_{ab} - P_{ia}P_{ib})\\,\\tilde f_i\\tilde f_i^\\top` plus
-    :math:`2\\lambda I` on the weights. Newton steps with a backtracking line search stop when
-    the gradient's norm is below ``tol``.
+    Minimises :math:`\\frac1n\\sum_i \\ell(W f_i + b, y_i)
+    + \\lambda\\lVert W\\rVert_F^2` (the bias is not penalised), where :math:`\\ell` is
+    the cross-entropy against the smoothed targets
+    :math:`q_i = (1-\\alpha)e_{y_i} + \\alpha/C` (``label_smoothing`` :math:`\\alpha`;
+    0 gives the ordinary cross-entropy). With :math:`P` the softmax probabilities and
+    :math:`\\tilde f = (f, 1)`, the gradient is :math:`\\frac1n (P - Q)^\\top \\tilde F`
+    plus :math:`2\\lambda W`, and the Hessian block of classes :math:`(a, b)` is
+    :math:`\\frac1n\\sum_i (P_{ia}\\delta_{ab} - P_{ia}P_{ib})\\,
+    \\tilde f_i\\tilde f_i^\\top` plus :math:`2\\lambda I` on the weights. Newton steps
+    with a backtracking line search stop when the gradient's norm is below ``tol``.
+    ``init = (W, b)`` warm-starts the solver (the solution does not depend on it).
 
     Returns ``(W, b)`` of shapes ``(n_classes, k)`` and ``(n_classes,)``, float64.
     """
@@ -82,20 +117,26 @@ def softmax_regression(
     n = check_same_length(("features", "labels"), features, labels)
     C = check_int("n_classes", n_classes, minimum=2)
     l2 = check_float("l2", l2, minimum=0.0)
+    alpha = check_float("label_smoothing", label_smoothing, minimum=0.0, maximum=1.0)
     max_iter = check_int("max_iter", max_iter, minimum=1)
     tol = check_float("tol", tol, minimum=0.0, strict_min=True)
     if n == 0:
         raise ValueError("features must have at least one row")
     if int(labels.min()) < 0 or int(labels.max()) >= C:
         raise ValueError(
-            f"labels must lie in [0, {C - 1}], got range [{int(labels.min())}, {int(labels.max())}]"
+            f"labels must lie in [0, {C - 1}], got range "
+            f"[{int(labels.min())}, {int(labels.max())}]"
         )
     k = features.shape[1]
     Ft = torch.cat([features.double(), torch.ones(n, 1, dtype=torch.float64)], dim=1)
-    Y = F.one_hot(labels, C).double()
+    Y = _soft_targets(labels, C, alpha)
     reg = torch.zeros(C, k + 1, dtype=torch.float64)
     reg[:, :k] = 2 * l2
     theta = torch.zeros(C, k + 1, dtype=torch.float64)
+    if init is not None:
+        W0 = check_tensor("init[0]", init[0], shape=(C, k), floating=True)
+        b0 = check_tensor("init[1]", init[1], shape=(C,), floating=True)
+        theta = torch.cat([W0.double(), b0.double()[:, None]], dim=1)
     size = C * (k + 1)
     for _ in range(max_iter):
         P = torch.softmax(Ft @ theta.T, dim=1)
@@ -109,22 +150,17 @@ def softmax_regression(
             sl = slice(a * (k + 1), (a + 1) * (k + 1))
             H[sl, sl] += blocks[a]
         H += torch.diag(reg.flatten())
-        # the bias shift (same constant to every class) leaves the loss unchanged: a tiny ridge fixes the null direction
-        H += (
-            1e-10
-            * max(1.0, float(H.diagonal().max()))
-            * torch.eye(size, dtype=torch.float64)
-        )
+        # shifting every class's bias by the same constant leaves the loss unchanged:
+        # a tiny ridge fixes that null direction
+        ridge = 1e-10 * max(1.0, float(H.diagonal().max()))
+        H += ridge * torch.eye(size, dtype=torch.float64)
         step = torch.linalg.solve(H, grad.flatten()).reshape(C, k + 1)
-        f0 = float(_softmax_objective(theta, Ft, labels, l2, k))
+        f0 = float(_softmax_objective(theta, Ft, Y, l2, k))
         slope = float((grad * step).sum())
         t = 1.0
         while t > 1e-12:
             cand = theta - t * step
-            if (
-                float(_softmax_objective(cand, Ft, labels, l2, k))
-                <= f0 - 1e-4 * t * slope
-            ):
+            if float(_softmax_objective(cand, Ft, Y, l2, k)) <= f0 - 1e-4 * t * slope:
                 break
             t *= 0.5
         theta = cand
@@ -143,8 +179,11 @@ def linear_head(W: torch.Tensor, b: torch.Tensor) -> nn.Linear:
 
 
 def random_head(rep_dim: int, n_classes: int, generator: torch.Generator) -> nn.Linear:
-    """A freshly initialised head, as in ordinary fine-tuning: entries uniform in
-    :math:`\\pm 1/\\sqrt{k}` (PyTorch's default for ``nn.Linear``), drawn from ``generator``."""
+    """A freshly initialised head, as in ordinary fine-tuning.
+
+    Entries are uniform in :math:`\\pm 1/\\sqrt{k}` (PyTorch's default for
+    ``nn.Linear``), drawn from ``generator``.
+    """
     k = check_int("rep_dim", rep_dim, minimum=1)
     C = check_int("n_classes", n_classes, minimum=2)
     if not isinstance(generator, torch.Generator):
@@ -162,7 +201,7 @@ def random_head(rep_dim: int, n_classes: int, generator: torch.Generator) -> nn.
 def accuracy(
     encoder: nn.Module, head: nn.Module, x: torch.Tensor, y: torch.Tensor
 ) -> float:
-    """Fraction of ``x`` whose predicted class ``argmax head(encoder(x))`` equals ``y``."""
+    """Fraction of ``x`` whose predicted class ``argmax head(encoder(x))`` is ``y``."""
     x = check_tensor("x", x, ndim=2, floating=True)
     y = check_tensor("y", y, ndim=1, integer=True)
     check_same_length(("x", "y"), x, y)
@@ -171,7 +210,11 @@ def accuracy(
 
 @torch.no_grad()
 def feature_change(before: nn.Module, after: nn.Module, x: torch.Tensor) -> float:
-    """The average :math:`\\ell_2` feature change :math:`\\frac1n\\sum_i\\lVert\\phi_{\\text{after}}(x_i) - \\phi_{\\text{before}}(x_i)\\rVert_2`."""
+    """The average :math:`\\ell_2` feature change of the inputs ``x``.
+
+    That is :math:`\\frac1n\\sum_i\\lVert\\phi_{\\text{after}}(x_i) -
+    \\phi_{\\text{before}}(x_i)\\rVert_2`.
+    """
     x = check_tensor("x", x, ndim=2, floating=True)
     if len(x) == 0:
         raise ValueError("x must have at least one row")
@@ -180,10 +223,12 @@ def feature_change(before: nn.Module, after: nn.Module, x: torch.Tensor) -> floa
 
 @torch.no_grad()
 def layer_feature_change(before: MLP, after: MLP, x: torch.Tensor) -> torch.Tensor:
-    """Relative change of every hidden layer's output (after each ReLU) of an :class:`MLP` encoder.
+    """Relative change of every hidden layer's output (after each ReLU) of an encoder.
 
-    Entry :math:`l` is :math:`\\mathrm{mean}_i\\lVert h^{\\text{after}}_l(x_i) - h^{\\text{before}}_l(x_i)\\rVert
-    / \\mathrm{mean}_i\\lVert h^{\\text{before}}_l(x_i)\\rVert`; the last entry is the representation.
+    Entry :math:`l` is :math:`\\mathrm{mean}_i\\lVert h^{\\text{after}}_l(x_i) -
+    h^{\\text{before}}_l(x_i)\\rVert / \\mathrm{mean}_i\\lVert
+    h^{\\text{before}}_l(x_i)\\rVert`; the last entry is the representation. ``before``
+    and ``after`` are :class:`~fmlab.models.mlp.MLP` encoders of the same shape.
     """
     if not (isinstance(before, MLP) and isinstance(after, MLP)):
         raise TypeError("before and after must be fmlab MLP encoders")
@@ -193,11 +238,8 @@ def layer_feature_change(before: MLP, after: MLP, x: torch.Tensor) -> torch.Tens
     for m0, m1 in zip(before.net, after.net):
         a, b = m0(a), m1(b)
         if isinstance(m0, nn.ReLU):
-            out.append(
-                float(
-                    (b - a).norm(dim=1).mean() / a.norm(dim=1).mean().clamp_min(1e-12)
-                )
-            )
+            rel = (b - a).norm(dim=1).mean() / a.norm(dim=1).mean().clamp_min(1e-12)
+            out.append(float(rel))
     return torch.tensor(out, dtype=torch.float64)
 
 
@@ -206,8 +248,10 @@ def layer_feature_change(before: MLP, after: MLP, x: torch.Tensor) -> torch.Tens
 class FineTuneResult:
     """What :func:`fine_tune_classifier` returns.
 
-    ``trace`` holds, at the recorded steps, the training loss and the feature change of
-    every tracked set of inputs (name -> tensor).
+    ``train_loss`` holds the training loss before every step and after the last;
+    ``trace`` holds, at the steps ``trace_steps``, the training loss and the average
+    feature change of every tracked set of inputs (name -> tensor). ``diverged`` is
+    true when the loss stopped being finite (training stops there).
     """
 
     encoder: nn.Module
@@ -215,6 +259,7 @@ class FineTuneResult:
     train_loss: torch.Tensor
     trace_steps: torch.Tensor
     trace: dict = field(default_factory=dict)
+    diverged: bool = False
 
 
 def fine_tune_classifier(
@@ -226,15 +271,17 @@ def fine_tune_classifier(
     lr: float,
     steps: int,
     momentum: float = 0.9,
+    label_smoothing: float = 0.0,
     track: dict | None = None,
     track_every: int = 10,
 ) -> FineTuneResult:
     """Train copies of ``encoder`` and ``head`` on the cross-entropy of ``(x, y)``.
 
-    Full-batch SGD with momentum over every parameter, for ``steps`` steps. FT passes a
-    :func:`random_head`, LP-FT the LP head. ``track`` maps names to input tensors whose
-    average feature change (from the starting encoder) is recorded every ``track_every``
-    steps, together with the training loss.
+    Full-batch SGD with momentum over every parameter, for ``steps`` steps, on the
+    cross-entropy with ``label_smoothing``. FT passes a :func:`random_head`, LP-FT the
+    LP head. ``track`` maps names to input tensors whose average feature change (from
+    the starting encoder) is recorded every ``track_every`` steps, together with the
+    training loss.
     """
     if not isinstance(encoder, nn.Module):
         raise TypeError(
@@ -248,6 +295,7 @@ def fine_tune_classifier(
     lr = check_float("lr", lr, minimum=0.0, strict_min=True)
     steps = check_int("steps", steps, minimum=0)
     momentum = check_float("momentum", momentum, minimum=0.0, maximum=1.0)
+    alpha = check_float("label_smoothing", label_smoothing, minimum=0.0, maximum=1.0)
     track_every = check_int("track_every", track_every, minimum=1)
     track = dict(track or {})
     for name, xs in track.items():
@@ -259,11 +307,15 @@ def fine_tune_classifier(
     opt = torch.optim.SGD(
         list(enc.parameters()) + list(hd.parameters()), lr=lr, momentum=momentum
     )
-    losses = torch.empty(steps + 1)
+    losses = torch.full((steps + 1,), float("nan"))
     rec_steps, rec = [], {"train_loss": [], **{name: [] for name in track}}
+    diverged = False
     for step in range(steps + 1):
-        loss = F.cross_entropy(hd(enc(x)), y)
+        loss = F.cross_entropy(hd(enc(x)), y, label_smoothing=alpha)
         losses[step] = loss.detach()
+        if not math.isfinite(float(loss.detach())):
+            diverged = True
+            break
         if track and (step % track_every == 0 or step == steps):
             rec_steps.append(step)
             rec["train_loss"].append(float(loss.detach()))
@@ -282,8 +334,200 @@ def fine_tune_classifier(
         else {}
     )
     return FineTuneResult(
-        enc, hd, losses, torch.tensor(rec_steps, dtype=torch.long), trace
+        enc, hd, losses, torch.tensor(rec_steps, dtype=torch.long), trace, diverged
     )
+
+
+@dataclass
+class BatchFineTuneResult:
+    """What :func:`fine_tune_batch` returns: ``G`` runs, as in :class:`FineTuneResult`.
+
+    ``encoders[g]`` and ``heads[g]`` are the trained modules of run ``g``;
+    ``train_loss`` is ``(G, steps + 1)``; ``trace`` maps names to ``(G, R)`` tensors at
+    the steps ``trace_steps``; ``diverged`` is a ``(G,)`` bool tensor.
+    """
+
+    encoders: list
+    heads: list
+    train_loss: torch.Tensor
+    trace_steps: torch.Tensor
+    trace: dict
+    diverged: torch.Tensor
+
+
+def _mlp_layers(encoder):
+    layers = [m for m in encoder.net if isinstance(m, nn.Linear)]
+    kinds = [type(m) for m in encoder.net]
+    want = []
+    for _ in layers:
+        want += [nn.Linear, nn.ReLU]
+    if kinds != want:
+        raise ValueError(
+            "encoder must be an MLP of Linear layers each followed by a ReLU "
+            "(final_activation=True)"
+        )
+    return layers
+
+
+def fine_tune_batch(
+    encoder: MLP,
+    heads: Sequence[nn.Linear],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    lrs: Sequence[float],
+    steps: int,
+    momentum: float = 0.9,
+    label_smoothing: float = 0.0,
+    track: dict | None = None,
+    track_every: int = 10,
+) -> BatchFineTuneResult:
+    """``G = len(heads)`` runs of :func:`fine_tune_classifier` from one encoder at once.
+
+    Run ``g`` starts from ``encoder`` and ``heads[g]`` and uses learning rate
+    ``lrs[g]``; every other argument is shared. The ``G`` copies are stacked along a
+    leading axis and trained together with batched matrix products; since the summed
+    loss has a block-diagonal gradient, each run follows exactly the updates of
+    :func:`fine_tune_classifier` (full-batch SGD with momentum, PyTorch's convention
+    :math:`m \\leftarrow \\mu m + g`, :math:`\\theta \\leftarrow \\theta - \\eta m`),
+    up to floating-point summation order. ``encoder`` must be an :class:`MLP` whose
+    every Linear layer is followed by a ReLU, as :func:`build_encoder` makes. A run
+    whose loss stops being finite is frozen there and flagged in ``diverged``.
+    """
+    if not isinstance(encoder, MLP):
+        raise TypeError(f"encoder must be an fmlab MLP, got {type(encoder).__name__}")
+    layers = _mlp_layers(encoder)
+    heads = list(heads)
+    if not heads or not all(isinstance(h, nn.Linear) for h in heads):
+        raise TypeError("heads must be a non-empty sequence of torch.nn.Linear")
+    G = len(heads)
+    lrs = [check_float("lrs", v, minimum=0.0, strict_min=True) for v in lrs]
+    if len(lrs) != G:
+        raise ValueError(f"lrs must have one entry per head, got {len(lrs)} and {G}")
+    x = check_tensor("x", x, shape=(None, encoder.dims[0]), floating=True)
+    y = check_tensor("y", y, ndim=1, integer=True)
+    check_same_length(("x", "y"), x, y)
+    steps = check_int("steps", steps, minimum=0)
+    momentum = check_float("momentum", momentum, minimum=0.0, maximum=1.0)
+    alpha = check_float("label_smoothing", label_smoothing, minimum=0.0, maximum=1.0)
+    track_every = check_int("track_every", track_every, minimum=1)
+    track = dict(track or {})
+    for name, xs in track.items():
+        check_tensor(
+            f"track[{name!r}]", xs, shape=(None, encoder.dims[0]), floating=True
+        )
+    C = heads[0].out_features
+    if any(h.weight.shape != heads[0].weight.shape for h in heads):
+        raise ValueError("heads must all have the same shape")
+
+    def stack(t):
+        return t.detach().float().unsqueeze(0).repeat(G, *([1] * t.ndim)).clone()
+
+    # parameters, each (G, ...): weights transposed to (in, out) for batched products
+    params = []
+    for lin in layers:
+        params.append(stack(lin.weight.T))
+        params.append(None if lin.bias is None else stack(lin.bias))
+    params.append(torch.stack([h.weight.detach().float().T for h in heads]).clone())
+    params.append(torch.stack([h.bias.detach().float() for h in heads]).clone())
+    live = [p for p in params if p is not None]
+    for p in live:
+        p.requires_grad_(True)
+    bufs = [torch.zeros_like(p) for p in live]
+    rate = torch.tensor(lrs, dtype=torch.float32)
+    active = torch.ones(G, dtype=torch.bool)
+
+    def features(inp):
+        h = inp.unsqueeze(0).expand(G, -1, -1)
+        for i in range(len(layers)):
+            W, b = params[2 * i], params[2 * i + 1]
+            h = torch.bmm(h, W) if b is None else torch.baddbmm(b[:, None], h, W)
+            h = torch.relu(h)
+        return h  # (G, m, k)
+
+    with torch.no_grad():
+        base = {name: encoder(xs) for name, xs in track.items()}
+    losses = torch.full((G, steps + 1), float("nan"))
+    rec_steps, rec = [], {"train_loss": [], **{name: [] for name in track}}
+    onehot = None
+    for step in range(steps + 1):
+        phi = features(x)
+        logits = torch.baddbmm(params[-1][:, None], phi, params[-2])
+        logp = torch.log_softmax(logits, dim=-1)
+        if onehot is None:
+            onehot = (1 - alpha) * F.one_hot(y, C).float() + alpha / C
+        per_run = -(logp * onehot).sum(-1).mean(-1)  # (G,)
+        cur = per_run.detach()
+        active &= torch.isfinite(cur)
+        losses[:, step] = torch.where(active, cur, float("nan"))
+        if track and (step % track_every == 0 or step == steps):
+            rec_steps.append(step)
+            rec["train_loss"].append(losses[:, step].clone())
+            with torch.no_grad():
+                for name, xs in track.items():
+                    d = (features(xs) - base[name]).norm(dim=-1).mean(-1)
+                    rec[name].append(torch.where(active, d, float("nan")))
+        if step == steps:
+            break
+        grads = torch.autograd.grad(per_run[active].sum(), live, allow_unused=True)
+        with torch.no_grad():
+            eta = torch.where(active, rate, 0.0)
+            for p, buf, g in zip(live, bufs, grads):
+                if g is None:
+                    continue
+                g = torch.nan_to_num(g) * active.view(-1, *[1] * (g.ndim - 1))
+                buf.mul_(momentum).add_(g)
+                p.sub_(eta.view(-1, *[1] * (p.ndim - 1)) * buf)
+    encoders, out_heads = [], []
+    for g in range(G):
+        enc = copy.deepcopy(encoder)
+        with torch.no_grad():
+            for i, lin in enumerate(_mlp_layers(enc)):
+                lin.weight.copy_(params[2 * i][g].T)
+                if lin.bias is not None:
+                    lin.bias.copy_(params[2 * i + 1][g])
+        enc.eval()
+        head = nn.Linear(params[-2].shape[1], C)
+        with torch.no_grad():
+            head.weight.copy_(params[-2][g].T)
+            head.bias.copy_(params[-1][g])
+        encoders.append(enc)
+        out_heads.append(head)
+    trace = {k: torch.stack(v, 1).double() for k, v in rec.items()} if track else {}
+    return BatchFineTuneResult(
+        encoders,
+        out_heads,
+        losses,
+        torch.tensor(rec_steps, dtype=torch.long),
+        trace,
+        ~active,
+    )
+
+
+def select_by_validation(scores: Sequence[float], order: Sequence[int]) -> int:
+    """The book's selection rule: the best validation score, ties to the conservative.
+
+    ``scores[i]`` is the ID validation accuracy of grid value ``i``; ``order`` lists the
+    grid indices from the most conservative value to the least (for a learning rate:
+    smallest first; for a regularisation strength: largest first). Returns the index
+    with the highest score, and among equal scores the one that comes first in
+    ``order``. A NaN score (a diverged run) is never chosen unless all are NaN.
+    """
+    scores = [float(s) for s in scores]
+    order = [check_int("order", i, minimum=0, maximum=len(scores) - 1) for i in order]
+    if not scores:
+        raise ValueError("scores must not be empty")
+    if sorted(order) != list(range(len(scores))):
+        raise ValueError(
+            f"order must be a permutation of range({len(scores)}), got {order}"
+        )
+
+    def key(i):
+        s = scores[i]
+        return -math.inf if math.isnan(s) else s
+
+    best = max(key(i) for i in order)
+    return next(i for i in order if key(i) == best)
 
 
 # -- the experiment -------------------------------------------------------------------
@@ -293,36 +537,44 @@ class LPFTConfig:
 
     Each seed draws its own world (``world`` with ``seed`` replaced), pretrains its own
     encoder on the source distribution, and draws its own ID and OOD data.
+
+    The encoder is an MLP ``dim_input -> width (x depth) -> rep_dim`` with ReLUs and a
+    bias-free first layer; ``depth = 0`` is the network of the linear theory with a
+    ReLU, :math:`\\phi(x) = \\mathrm{ReLU}(Bx)`. After pretraining, its last layer is
+    rescaled so that the features have average norm ``feature_norm`` on the source
+    distribution (``None``: keep the pretrained scale). ``version`` names the training
+    code: bump it when that changes, so the on-disk cache is not reused.
     """
 
     world: StyleShiftConfig = field(default_factory=StyleShiftConfig)
+    depth: int = 0
     width: int = 128
-    depth: int = 2
-    rep_dim: int = 32
-    first_layer_bias: bool = False
+    rep_dim: int = 128
+    feature_norm: float | None = 2.0
     pretrain_steps: int = 500
     pretrain_batch: int = 256
     pretrain_lr: float = 3e-3
-    n_train: int = 256
-    n_val: int = 1000
-    n_test: int = 2000
+    label_smoothing: float = 0.1
+    n_train: int = 384
+    n_val: int = 2000
+    n_test: int = 10_000
     ft_steps: int = 200
     momentum: float = 0.9
-    lrs: tuple = (1e-3, 3e-3, 1e-2)
-    scratch_lrs: tuple = (3e-2, 1e-1)
-    l2s: tuple = (1e-4, 1e-3, 1e-2)
-    seeds: tuple = (0, 1, 2, 3, 4)
-    n_track: int = 500
+    lrs: tuple = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
+    l2s: tuple = (1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
+    seeds: tuple = tuple(range(10))
+    n_track: int = 250
     track_every: int = 10
+    version: int = 2
 
     def __post_init__(self):
         if not isinstance(self.world, StyleShiftConfig):
             raise TypeError(
                 f"world must be a StyleShiftConfig, got {type(self.world).__name__}"
             )
+        check_int("depth", self.depth, minimum=0)
         for name in (
             "width",
-            "depth",
             "rep_dim",
             "pretrain_steps",
             "pretrain_batch",
@@ -332,19 +584,27 @@ class LPFTConfig:
             "ft_steps",
             "n_track",
             "track_every",
+            "version",
         ):
             check_int(name, getattr(self, name), minimum=1)
+        if self.feature_norm is not None:
+            check_float("feature_norm", self.feature_norm, minimum=0.0, strict_min=True)
         check_float("pretrain_lr", self.pretrain_lr, minimum=0.0, strict_min=True)
+        check_float("label_smoothing", self.label_smoothing, minimum=0.0, maximum=1.0)
         check_float("momentum", self.momentum, minimum=0.0, maximum=1.0)
-        for name in ("lrs", "scratch_lrs", "l2s", "seeds"):
+        for name in ("lrs", "l2s", "seeds"):
             if not isinstance(getattr(self, name), tuple) or not getattr(self, name):
                 raise ValueError(f"{name} must be a non-empty tuple")
-        for v in self.lrs + self.scratch_lrs:
-            check_float("lrs", v, minimum=0.0, strict_min=True)
-        for v in self.l2s:
-            check_float("l2s", v, minimum=0.0)
+        for name in ("lrs", "l2s"):
+            grid = getattr(self, name)
+            for v in grid:
+                check_float(name, v, minimum=0.0, strict_min=name == "lrs")
+            if list(grid) != sorted(set(grid)):
+                raise ValueError(f"{name} must be strictly increasing, got {grid}")
         for s in self.seeds:
             check_int("seeds", s, minimum=0)
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds must be distinct, got {self.seeds}")
         if self.n_track > self.n_test:
             raise ValueError(
                 f"n_track must be <= n_test, got {self.n_track} > {self.n_test}"
@@ -352,38 +612,44 @@ class LPFTConfig:
 
 
 def build_encoder(cfg: LPFTConfig) -> MLP:
-    """The encoder :math:`\\phi_\\theta`: an MLP ``D -> width (x depth) -> rep_dim`` with ReLUs.
+    """The encoder :math:`\\phi_\\theta`: an MLP with ReLUs and a bias-free first layer.
 
-    Without ``first_layer_bias`` the first layer is linear, as in the theory: its response
-    to an input direction that no training input has is then frozen by fine-tuning.
+    Without a bias the first layer is linear, as in the theory: its response to an
+    input direction that no training input has is frozen by fine-tuning.
     """
+    if not isinstance(cfg, LPFTConfig):
+        raise TypeError(f"cfg must be a LPFTConfig, got {type(cfg).__name__}")
     enc = MLP(
         [cfg.world.dim_input] + [cfg.width] * cfg.depth + [cfg.rep_dim],
         final_activation=True,
     )
-    if not cfg.first_layer_bias:
-        enc.net[0] = nn.Linear(cfg.world.dim_input, cfg.width, bias=False)
+    out = cfg.width if cfg.depth > 0 else cfg.rep_dim
+    enc.net[0] = nn.Linear(cfg.world.dim_input, out, bias=False)
     return enc
 
 
 @dataclass(frozen=True)
 class _PretrainKey:
     world: StyleShiftConfig
-    width: int
     depth: int
+    width: int
     rep_dim: int
-    first_layer_bias: bool
     steps: int
     batch: int
     lr: float
+    version: int
 
 
 def pretrain_encoder(cfg: LPFTConfig, seed: int) -> tuple[MLP, torch.Tensor]:
-    """Pretrain (or load from the cache) the encoder of world ``seed`` on the source distribution.
+    """Pretrain (or load from the cache) the encoder of world ``seed``.
 
-    The pretraining task is to classify the object type from inputs of every style, with a
-    linear head on :math:`\\phi_\\theta` and Adam on fresh mini-batches. Returns the encoder
-    (in eval mode) and the mini-batch pretraining losses.
+    The pretraining task is to classify the object type from inputs of every style,
+    with a linear head on :math:`\\phi_\\theta` and Adam on fresh mini-batches. The
+    encoder's last layer is then rescaled (a positive factor, which ReLU commutes with)
+    so that the average feature norm on 4096 fresh source inputs is
+    ``cfg.feature_norm``; the cache holds the unscaled encoder, so configurations that
+    differ only in ``feature_norm`` share it. Returns the encoder (in eval mode) and
+    the mini-batch pretraining losses.
     """
     if not isinstance(cfg, LPFTConfig):
         raise TypeError(f"cfg must be a LPFTConfig, got {type(cfg).__name__}")
@@ -391,19 +657,20 @@ def pretrain_encoder(cfg: LPFTConfig, seed: int) -> tuple[MLP, torch.Tensor]:
     wcfg = dataclasses.replace(cfg.world, seed=seed)
     key = _PretrainKey(
         wcfg,
-        cfg.width,
         cfg.depth,
+        cfg.width,
         cfg.rep_dim,
-        cfg.first_layer_bias,
         cfg.pretrain_steps,
         cfg.pretrain_batch,
         cfg.pretrain_lr,
+        cfg.version,
     )
 
     def build():
         seed_everything(seed)
         world = StyleShiftWorld(wcfg)
-        model = nn.Sequential(build_encoder(cfg), nn.Linear(cfg.rep_dim, wcfg.n_types))
+        encoder = build_encoder(cfg)
+        model = nn.Sequential(encoder, nn.Linear(cfg.rep_dim, wcfg.n_types))
         g = make_generator(seed + 1)
 
         def batch(_step):
@@ -421,12 +688,21 @@ def pretrain_encoder(cfg: LPFTConfig, seed: int) -> tuple[MLP, torch.Tensor]:
             lr=cfg.pretrain_lr,
             desc=f"pretraining (world {seed})",
         )
-        state = {k[2:]: v for k, v in model.state_dict().items() if k.startswith("0.")}
-        return {"encoder": state, "losses": res.losses}
+        with torch.no_grad():
+            xs = world.source(4096, make_generator(seed + 2)).x
+            norm = encoder(xs).norm(dim=1).mean()
+        return {"encoder": encoder.state_dict(), "losses": res.losses, "norm": norm}
 
     out = cached(key, build, name="ch03_encoder")
     enc = build_encoder(cfg)
     enc.load_state_dict(out["encoder"])
+    if cfg.feature_norm is not None:
+        with torch.no_grad():
+            last = [m for m in enc.net if isinstance(m, nn.Linear)][-1]
+            scale = cfg.feature_norm / float(out["norm"])
+            last.weight.mul_(scale)
+            if last.bias is not None:
+                last.bias.mul_(scale)
     enc.eval()
     return enc, out["losses"]
 
@@ -435,8 +711,9 @@ def feature_change_at_loss(trace: torch.Tensor, target: float) -> float:
     """The ID feature change of a run when its training loss first falls to ``target``.
 
     ``trace`` is one run's ``(R, 3)`` record (training loss, ID change, OOD change) from
-    :func:`run_lpft_experiment`; if the loss never reaches ``target`` the last record is used.
-    Comparing two methods at the same training loss is the comparison of the source talk.
+    :func:`run_lpft_experiment`; if the loss never reaches ``target`` the last record is
+    used. Comparing two methods at the same training loss is the comparison of the
+    source talk.
     """
     trace = check_tensor("trace", trace, shape=(None, 3), floating=True)
     target = check_float("target", target)
@@ -445,171 +722,331 @@ def feature_change_at_loss(trace: torch.Tensor, target: float) -> float:
     return float(trace[i, 1])
 
 
-def _select(candidates):
-    """The candidate with the best ID validation accuracy (the first one on ties)."""
-    return max(range(len(candidates)), key=lambda i: (candidates[i]["val"], -i))
+def matched_loss_change_ratio(
+    ft_trace: torch.Tensor, lpft_trace: torch.Tensor
+) -> float:
+    """FT's ID feature change over LP-FT's, at LP-FT's final training loss.
+
+    Both arguments are ``(R, 3)`` records (training loss, ID change, OOD change).
+    LP-FT's change is read at its last record; FT's when its training loss first
+    reaches LP-FT's final loss (:func:`feature_change_at_loss`).
+    """
+    ft_trace = check_tensor("ft_trace", ft_trace, shape=(None, 3), floating=True)
+    lpft_trace = check_tensor("lpft_trace", lpft_trace, shape=(None, 3), floating=True)
+    target, lpft_change = float(lpft_trace[-1, 0]), float(lpft_trace[-1, 1])
+    if lpft_change <= 0:
+        raise ValueError("lpft_trace must end with a positive ID feature change")
+    return feature_change_at_loss(ft_trace, target) / lpft_change
+
+
+def _hits(logits, labels):
+    return float((logits.argmax(1) == labels).double().mean())
 
 
 def run_lpft_experiment(cfg: LPFTConfig) -> dict:
-    """Scratch, LP, FT and LP-FT on every seed's world; cached on disk by ``cfg``.
+    """LP, FT and LP-FT on every seed's world; cached on disk by ``cfg``.
 
-    Returns a dict of float64 tensors (``S`` seeds):
+    For every seed: pretrain the encoder (:func:`pretrain_encoder`), draw ``n_train``
+    labelled ID examples, ``n_val`` ID validation examples and ``n_test`` ID and OOD
+    test examples; run LP at every ``l2`` and FT and LP-FT at every learning rate;
+    choose each method's value by :func:`select_by_validation`. LP-FT starts from the
+    chosen LP head.
+    Returns a dict of tensors (``S`` seeds, ``G`` grid values, ``R`` records):
 
-    * ``acc[method]``: ``(S, 2)`` ID and OOD test accuracy of the hyper-parameter chosen on
-      ID validation data; ``chosen[method]``: the chosen learning rate (or ``l2`` for LP);
-    * ``sweep[method]``: ``(S, len(grid), 3)`` validation, ID and OOD accuracy at every grid point;
-    * ``change[method]``: ``(S, 2)`` average feature change of ID and OOD test inputs (FT, LP-FT);
-    * ``layer_change[method]``: ``(S, 2, depth + 1)`` relative change of each layer, ID and OOD;
-    * ``trace[method]``: ``(S, R, 3)`` training loss, ID and OOD feature change at the recorded
-      steps ``trace_steps`` of the chosen run;
-    * ``pretrain_loss``: ``(S,)`` the last pretraining mini-batch losses (mean of the final 50).
+    * ``acc[m]``: ``(S, 2)`` ID and OOD test accuracy at the chosen value;
+    * ``chosen[m]``, ``chosen_index[m]``: ``(S,)`` the chosen value and its grid index;
+    * ``sweep[m]``: ``(S, G, 3)`` validation, ID and OOD accuracy at every grid value;
+    * ``change[m]`` (FT, LP-FT): ``(S, G, 2)`` average ID and OOD feature change, and
+      ``ood_change_max[m]``: ``(S, G)`` the largest change of any OOD test input;
+    * ``trace[m]`` (FT, LP-FT): ``(S, G, R, 3)`` training loss, ID and OOD feature
+      change at the steps ``trace_steps`` (NaN after a divergence);
+    * ``lp_train_loss``: ``(S,)`` the chosen probe's training loss, ``pretrain_loss``:
+      ``(S,)`` the mean of the last 50 pretraining mini-batch losses, and
+      ``feature_norm_id``: ``(S,)`` the average feature norm of the ID test inputs.
     """
     if not isinstance(cfg, LPFTConfig):
         raise TypeError(f"cfg must be a LPFTConfig, got {type(cfg).__name__}")
 
     def build():
-        S = len(cfg.seeds)
-        acc = {
-            m: torch.zeros(S, 2, dtype=torch.float64)
-            for m in ("scratch", "lp", "ft", "lpft")
-        }
-        chosen = {m: torch.zeros(S, dtype=torch.float64) for m in acc}
-        sweep = {
-            "scratch": torch.zeros(S, len(cfg.scratch_lrs), 3, dtype=torch.float64),
-            "lp": torch.zeros(S, len(cfg.l2s), 3, dtype=torch.float64),
-            "ft": torch.zeros(S, len(cfg.lrs), 3, dtype=torch.float64),
-            "lpft": torch.zeros(S, len(cfg.lrs), 3, dtype=torch.float64),
-        }
-        change = {m: torch.zeros(S, 2, dtype=torch.float64) for m in ("ft", "lpft")}
-        layer_change = {
-            m: torch.zeros(S, 2, cfg.depth + 1, dtype=torch.float64)
-            for m in ("ft", "lpft")
-        }
-        traces, trace_steps = {"ft": [], "lpft": []}, None
-        pre_loss = torch.zeros(S, dtype=torch.float64)
+        S, C, alpha = len(cfg.seeds), cfg.world.n_classes, cfg.label_smoothing
+        grids = {"lp": cfg.l2s, "ft": cfg.lrs, "lpft": cfg.lrs}
+        f64 = torch.float64
+        acc = {m: torch.zeros(S, 2, dtype=f64) for m in METHODS}
+        chosen = {m: torch.zeros(S, dtype=f64) for m in METHODS}
+        chosen_index = {m: torch.zeros(S, dtype=torch.long) for m in METHODS}
+        sweep = {m: torch.zeros(S, len(grids[m]), 3, dtype=f64) for m in METHODS}
+        G, R = len(cfg.lrs), cfg.ft_steps // cfg.track_every + 1
+        R += cfg.ft_steps % cfg.track_every != 0
+        change = {m: torch.full((S, G, 2), math.nan, dtype=f64) for m in METHODS[1:]}
+        ood_max = {m: torch.full((S, G), math.nan, dtype=f64) for m in METHODS[1:]}
+        trace = {m: torch.full((S, G, R, 3), math.nan, dtype=f64) for m in METHODS[1:]}
+        trace_steps = torch.zeros(R, dtype=torch.long)
+        lp_loss, pre_loss, norm_id = (torch.zeros(S, dtype=f64) for _ in range(3))
         for si, seed in enumerate(progress(cfg.seeds, total=S, desc="worlds")):
             world = StyleShiftWorld(dataclasses.replace(cfg.world, seed=seed))
             encoder, losses = pretrain_encoder(cfg, seed)
             pre_loss[si] = losses[-50:].mean()
             g = make_generator(10_000 + seed)
-            train_s, val_s = (
-                world.in_distribution(cfg.n_train, g),
-                world.in_distribution(cfg.n_val, g),
-            )
-            id_s, ood_s = (
-                world.in_distribution(cfg.n_test, g),
-                world.out_of_distribution(cfg.n_test, g),
-            )
+            train_s = world.in_distribution(cfg.n_train, g)
+            val_s = world.in_distribution(cfg.n_val, g)
+            id_s = world.in_distribution(cfg.n_test, g)
+            ood_s = world.out_of_distribution(cfg.n_test, g)
             track = {"id": id_s.x[: cfg.n_track], "ood": ood_s.x[: cfg.n_track]}
-            C = cfg.world.n_classes
-
-            def evaluate(enc, head):
-                return {
-                    "val": accuracy(enc, head, val_s.x, val_s.labels),
-                    "id": accuracy(enc, head, id_s.x, id_s.labels),
-                    "ood": accuracy(enc, head, ood_s.x, ood_s.labels),
-                }
-
-            # LP: exact regularised logistic regression on frozen features
             with torch.no_grad():
                 feats = encoder(train_s.x)
-            cands = []
-            for l2 in cfg.l2s:
-                head = linear_head(*softmax_regression(feats, train_s.labels, C, l2=l2))
-                cands.append({**evaluate(encoder, head), "head": head})
-            best = _select(cands)
-            lp_head = cands[best]["head"]
-            _record(acc, chosen, sweep, "lp", si, cands, best, cfg.l2s)
+                id_before, ood_before = encoder(id_s.x), encoder(ood_s.x)
+            norm_id[si] = id_before.norm(dim=1).mean()
 
-            # FT and LP-FT: the same fine-tuning, from a random head or from the LP head
-            for method in ("ft", "lpft"):
-                cands = []
-                for lr in cfg.lrs:
-                    head0 = (
-                        random_head(cfg.rep_dim, C, make_generator(20_000 + seed))
-                        if method == "ft"
-                        else lp_head
-                    )
-                    res = fine_tune_classifier(
-                        encoder,
-                        head0,
-                        train_s.x,
-                        train_s.labels,
-                        lr=lr,
-                        steps=cfg.ft_steps,
-                        momentum=cfg.momentum,
-                        track=track,
-                        track_every=cfg.track_every,
-                    )
-                    cands.append({**evaluate(res.encoder, res.head), "res": res})
-                best = _select(cands)
-                _record(acc, chosen, sweep, method, si, cands, best, cfg.lrs)
-                res = cands[best]["res"]
-                change[method][si] = torch.tensor(
-                    [
-                        feature_change(encoder, res.encoder, id_s.x),
-                        feature_change(encoder, res.encoder, ood_s.x),
-                    ]
-                )
-                layer_change[method][si, 0] = layer_feature_change(
-                    encoder, res.encoder, id_s.x
-                )
-                layer_change[method][si, 1] = layer_feature_change(
-                    encoder, res.encoder, ood_s.x
-                )
-                traces[method].append(
-                    torch.stack(
-                        [res.trace["train_loss"], res.trace["id"], res.trace["ood"]], 1
-                    )
-                )
-                trace_steps = res.trace_steps
+            def evaluate(enc, head):
+                return [
+                    accuracy(enc, head, s.x, s.labels) for s in (val_s, id_s, ood_s)
+                ]
 
-            # scratch: the same architecture from a random initialisation
-            cands = []
-            for lr in cfg.scratch_lrs:
-                seed_everything(30_000 + seed)
-                fresh = build_encoder(cfg)
-                head0 = random_head(cfg.rep_dim, C, make_generator(20_000 + seed))
-                res = fine_tune_classifier(
-                    fresh,
-                    head0,
-                    train_s.x,
+            def choose(m, rows, order):
+                for j, r in enumerate(rows):
+                    sweep[m][si, j] = torch.tensor(r, dtype=f64)
+                best = select_by_validation([r[0] for r in rows], order)
+                acc[m][si] = sweep[m][si, best, 1:]
+                chosen[m][si] = float(grids[m][best])
+                chosen_index[m][si] = best
+                return best
+
+            # LP: exact regularised logistic regression on frozen features, solved
+            # from the strongest regularisation down (each solve warm-starts the next)
+            heads, rows, init = [None] * len(cfg.l2s), [None] * len(cfg.l2s), None
+            for j in reversed(range(len(cfg.l2s))):
+                W, b = softmax_regression(
+                    feats,
                     train_s.labels,
-                    lr=lr,
-                    steps=cfg.ft_steps,
-                    momentum=cfg.momentum,
+                    C,
+                    l2=cfg.l2s[j],
+                    label_smoothing=alpha,
+                    init=init,
                 )
-                cands.append(evaluate(res.encoder, res.head))
-            _record(
-                acc,
-                chosen,
-                sweep,
-                "scratch",
-                si,
-                cands,
-                _select(cands),
-                cfg.scratch_lrs,
+                init, heads[j] = (W, b), linear_head(W, b)
+                rows[j] = evaluate(encoder, heads[j])
+            best = choose("lp", rows, list(reversed(range(len(cfg.l2s)))))
+            lp_head = heads[best]
+            with torch.no_grad():
+                lp_logits = lp_head(feats)
+                lp_loss[si] = F.cross_entropy(
+                    lp_logits, train_s.labels, label_smoothing=alpha
+                )
+
+            # FT and LP-FT: the same fine-tuning, from a random head or the LP head,
+            # at every learning rate (all 2G runs trained together)
+            ft_head = random_head(cfg.rep_dim, C, make_generator(20_000 + seed))
+            runs = fine_tune_batch(
+                encoder,
+                [ft_head] * G + [lp_head] * G,
+                train_s.x,
+                train_s.labels,
+                lrs=list(cfg.lrs) * 2,
+                steps=cfg.ft_steps,
+                momentum=cfg.momentum,
+                label_smoothing=alpha,
+                track=track,
+                track_every=cfg.track_every,
             )
+            trace_steps = runs.trace_steps
+            for mi, m in enumerate(METHODS[1:]):
+                rows = []
+                for j in range(G):
+                    r = mi * G + j
+                    if bool(runs.diverged[r]):
+                        rows.append([math.nan] * 3)
+                        continue
+                    enc, head = runs.encoders[r], runs.heads[r]
+                    with torch.no_grad():
+                        phi_id, phi_ood = enc(id_s.x), enc(ood_s.x)
+                        rows.append(
+                            [
+                                accuracy(enc, head, val_s.x, val_s.labels),
+                                _hits(head(phi_id), id_s.labels),
+                                _hits(head(phi_ood), ood_s.labels),
+                            ]
+                        )
+                        d_id = (phi_id - id_before).norm(dim=1)
+                        d_ood = (phi_ood - ood_before).norm(dim=1)
+                    change[m][si, j] = torch.stack([d_id.mean(), d_ood.mean()])
+                    ood_max[m][si, j] = d_ood.max()
+                    trace[m][si, j] = torch.stack(
+                        [runs.trace[k][r] for k in ("train_loss", "id", "ood")], 1
+                    )
+                choose(m, rows, list(range(G)))
         return {
             "acc": acc,
             "chosen": chosen,
+            "chosen_index": chosen_index,
             "sweep": sweep,
             "change": change,
-            "layer_change": layer_change,
-            "trace": {m: torch.stack(v) for m, v in traces.items()},
+            "ood_change_max": ood_max,
+            "trace": trace,
             "trace_steps": trace_steps,
+            "lp_train_loss": lp_loss,
             "pretrain_loss": pre_loss,
+            "feature_norm_id": norm_id,
         }
 
     return cached(cfg, build, name="ch03_lpft")
 
 
-def _record(acc, chosen, sweep, method, si, cands, best, grid):
-    for j, c in enumerate(cands):
-        sweep[method][si, j] = torch.tensor(
-            [c["val"], c["id"], c["ood"]], dtype=torch.float64
-        )
-    acc[method][si] = torch.tensor(
-        [cands[best]["id"], cands[best]["ood"]], dtype=torch.float64
+# -- figures --------------------------------------------------------------------------
+def _colors():
+    from .viz import PALETTE
+
+    return {"lp": PALETTE["blue"], "ft": PALETTE["red"], "lpft": PALETTE["green"]}
+
+
+def plot_accuracies(res: dict):
+    """Bars of each method's ID and OOD test accuracy (mean, sd), one dot per seed."""
+    import matplotlib.pyplot as plt
+
+    from .viz import PALETTE
+
+    acc = {m: 100 * res["acc"][m] for m in METHODS}
+    S = acc["lp"].shape[0]
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    for j, m in enumerate(METHODS):
+        for k, (split, color) in enumerate(
+            [("ID", PALETTE["blue"]), ("OOD", PALETTE["orange"])]
+        ):
+            xpos = j + (k - 0.5) * 0.36
+            ax.bar(
+                xpos,
+                float(acc[m][:, k].mean()),
+                width=0.34,
+                color=color,
+                alpha=0.8,
+                label=split if j == 0 else None,
+                yerr=float(acc[m][:, k].std()),
+                capsize=3,
+            )
+            ax.scatter([xpos] * S, acc[m][:, k], color="k", s=8, zorder=3)
+    lo = float(min(acc[m].min() for m in METHODS))
+    ax.set(
+        xticks=range(len(METHODS)),
+        xticklabels=[_NAMES[m] for m in METHODS],
+        ylabel="accuracy (%)",
+        ylim=(max(0.0, 10 * math.floor(lo / 10) - 10), 100),
+        title=f"ID and OOD test accuracy (bars: mean ± sd over {S} seeds; dots: seeds)",
     )
-    chosen[method][si] = float(grid[best])
+    ax.legend(loc="upper right", ncol=2)
+    return fig
+
+
+def plot_learning_rate(res: dict, lrs: Sequence[float], index: int):
+    """One frame of the learning-rate slider: FT and LP-FT at the ``index``-th rate.
+
+    Left: ID validation accuracy against the learning rate (mean over seeds), the
+    current rate marked, and each method's chosen rates. Right: ID against OOD test
+    accuracy of every seed at the current rate; LP (which has no learning rate) at its
+    chosen ``l2`` for reference.
+    """
+    import matplotlib.pyplot as plt
+
+    lrs = list(lrs)
+    index = check_int("index", index, minimum=0, maximum=len(lrs) - 1)
+    col = _colors()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.9))
+    ax = axes[0]
+    for m in ("ft", "lpft"):
+        val = 100 * res["sweep"][m][:, :, 0]
+        ax.plot(lrs, val.nanmean(0), "o-", color=col[m], label=_NAMES[m])
+        picks = res["chosen_index"][m]
+        for j in sorted(set(picks.tolist())):
+            n = int((picks == j).sum())
+            ax.annotate(
+                f"{n}×",
+                (lrs[j], float(val[:, j].nanmean())),
+                textcoords="offset points",
+                xytext=(0, 7 if m == "ft" else -14),
+                ha="center",
+                fontsize=8,
+                color=col[m],
+            )
+    lp_val = 100 * res["sweep"]["lp"][:, :, 0].gather(
+        1, res["chosen_index"]["lp"][:, None]
+    )
+    ax.axhline(float(lp_val.mean()), color=col["lp"], ls="--", lw=1.2, label="LP")
+    ax.axvline(lrs[index], color="0.4", ls=":", lw=1.5)
+    ax.set(
+        xscale="log",
+        xlabel="learning rate",
+        ylabel="ID validation accuracy (%)",
+        title="The search (n× = seeds that chose this rate)",
+    )
+    ax.legend(loc="lower right")
+    ax = axes[1]
+    lp = 100 * res["acc"]["lp"]
+    ax.scatter(lp[:, 0], lp[:, 1], color=col["lp"], marker="s", s=28, label="LP")
+    for m in ("ft", "lpft"):
+        pts = 100 * res["sweep"][m][:, index, 1:]
+        ax.scatter(pts[:, 0], pts[:, 1], color=col[m], s=28, label=_NAMES[m])
+        mean = pts.nanmean(0)
+        ax.scatter(
+            [float(mean[0])],
+            [float(mean[1])],
+            color=col[m],
+            marker="*",
+            s=220,
+            edgecolors="k",
+            zorder=4,
+        )
+    allpts = torch.cat(
+        [100 * res["sweep"][m][:, :, 1:].reshape(-1, 2) for m in ("ft", "lpft")] + [lp]
+    )
+    allpts = allpts[torch.isfinite(allpts).all(1)]
+    lo, hi = allpts.min(0).values, allpts.max(0).values
+    ax.set(
+        xlim=(float(lo[0]) - 1, float(hi[0]) + 1),
+        ylim=(float(lo[1]) - 2, float(hi[1]) + 2),
+        xlabel="ID test accuracy (%)",
+        ylabel="OOD test accuracy (%)",
+        title=f"Every seed at learning rate {lrs[index]:g} (stars: means)",
+    )
+    ax.legend(loc="lower left")
+    fig.tight_layout()
+    return fig
+
+
+def plot_feature_change(res: dict):
+    """ID feature change against training loss for FT and LP-FT (the chosen runs).
+
+    One line per seed; the dot on each FT line marks where its loss first reaches the
+    final loss of LP-FT on the same seed, the comparison of
+    :func:`matched_loss_change_ratio`.
+    """
+    import matplotlib.pyplot as plt
+
+    col = _colors()
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    S = res["acc"]["lp"].shape[0]
+    for m in ("ft", "lpft"):
+        idx = res["chosen_index"][m]
+        for s in range(S):
+            tr = res["trace"][m][s, int(idx[s])]
+            ax.plot(
+                tr[:, 0],
+                tr[:, 1],
+                color=col[m],
+                alpha=0.6,
+                lw=1.2,
+                label=_NAMES[m] if s == 0 else None,
+            )
+    for s in range(S):
+        ft = res["trace"]["ft"][s, int(res["chosen_index"]["ft"][s])]
+        lp = res["trace"]["lpft"][s, int(res["chosen_index"]["lpft"][s])]
+        target = float(lp[-1, 0])
+        ax.scatter([target], [feature_change_at_loss(ft, target)], color="k", s=12)
+        ax.scatter([target], [float(lp[-1, 1])], color=col["lpft"], s=12)
+    ax.set(
+        xlabel="training loss (decreasing →)",
+        ylabel=r"ID mean $\|\Delta\phi(x)\|_2$",
+        title="Feature change along training (dots: matched training loss)",
+    )
+    ax.set_yscale("symlog", linthresh=0.01)
+    ax.set_ylim(bottom=0)
+    ax.invert_xaxis()
+    ax.legend()
+    return fig

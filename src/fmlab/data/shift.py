@@ -1,25 +1,29 @@
 """A world with a style shift: the pretraining, ID and OOD distributions of Chapter 3.
 
 Each example has a *content* vector :math:`z \\in \\mathbb{R}^p` and a *style*
-:math:`j \\in \\{0, \\dots, J-1\\}`. The content comes from one of :math:`K` object types
-(clusters),
+:math:`j \\in \\{0, \\dots, J-1\\}`. The content comes from one of :math:`K` object
+types (clusters),
 
 .. math::
-    t \\sim \\mathrm{Unif}\\{1,\\dots,K\\}, \\qquad z = \\mu_t + \\tau\\,\\xi, \\qquad \\xi \\sim N(0, I_p),
+    t \\sim \\mathrm{Unif}\\{1,\\dots,K\\}, \\qquad z = \\mu_t + \\tau\\,\\xi,
+    \\qquad \\xi \\sim N(0, I_p),
 
 and the style decides how the content is rendered into the input,
 
 .. math::
-    x = R_j z + \\sigma\\,\\varepsilon \\in \\mathbb{R}^D, \\qquad \\varepsilon \\sim N(0, I_D),
+    x = R_j z + \\sigma\\,\\varepsilon \\in \\mathbb{R}^D,
+    \\qquad \\varepsilon \\sim N(0, I_D),
 
-where the :math:`R_j \\in \\mathbb{R}^{D\\times p}` have orthonormal columns and the column
-spaces of different styles are mutually orthogonal (:math:`Jp \\le D`): the same object
-drawn as a photo or as a sketch activates disjoint input directions. This is the
-nonlinear cousin of the linear theory's assumption that OOD inputs have components
-orthogonal to the span of the ID training inputs.
+where the :math:`R_j \\in \\mathbb{R}^{D\\times p}` have orthonormal columns and the
+column spaces of different styles are mutually orthogonal (:math:`Jp \\le D`): the same
+object drawn as a photo or as a sketch activates disjoint input directions. With
+:math:`\\sigma = 0` (the default) an input of style :math:`j` lies exactly in the column
+space of :math:`R_j`, so OOD inputs are orthogonal to every ID input: the assumption of
+the linear theory of feature distortion, exactly.
 
-* **Pretraining (source) distribution**: every style, uniformly; the pretraining label is
-  the object type :math:`t` (a 16-way classification, like supervised ImageNet pretraining).
+* **Pretraining (source) distribution**: every style, uniformly; the pretraining label
+  is the object type :math:`t` (a :math:`K`-way classification, like supervised
+  ImageNet pretraining).
 * **Downstream task**: :math:`C` classes given by a fixed linear rule on the content,
   :math:`y = \\arg\\max_c (Wz)_c`, which cuts across object types, so a representation
   trained to recognise types carries it only in part.
@@ -43,16 +47,19 @@ __all__ = ["StyleShiftConfig", "StyleShiftWorld", "LabelledSample"]
 
 @dataclass(frozen=True)
 class StyleShiftConfig:
-    """Parameters of :class:`StyleShiftWorld`; ``seed`` fixes the world (means, rule, styles)."""
+    """Parameters of :class:`StyleShiftWorld`; ``seed`` fixes the world.
 
-    dim_input: int = 48
-    dim_content: int = 8
+    ``seed`` draws the style subspaces, the type means and the downstream rule.
+    """
+
+    dim_input: int = 64
+    dim_content: int = 16
     n_styles: int = 4
-    n_types: int = 16
+    n_types: int = 128
     n_classes: int = 4
     type_spread: float = 1.5
-    content_noise: float = 0.6
-    input_noise: float = 0.02
+    content_noise: float = 0.8
+    input_noise: float = 0.0
     seed: int = 0
 
     def __post_init__(self):
@@ -73,7 +80,7 @@ class StyleShiftConfig:
 
 @dataclass(frozen=True)
 class LabelledSample:
-    """Inputs ``x (n, D)`` float32, and int64 ``types``, ``labels`` and ``styles`` ``(n,)``."""
+    """Inputs ``x`` (n, D), float32; int64 ``types``, ``labels``, ``styles`` (n,)."""
 
     x: torch.Tensor
     types: torch.Tensor
@@ -102,6 +109,7 @@ class StyleShiftWorld:
         self.render = torch.stack(
             [q[:, j * p : (j + 1) * p] for j in range(c.n_styles)]
         )
+        self._render_all = torch.cat(list(self.render), dim=1)  # (D, J * p)
         #: (K, p): the mean content of each object type
         self.type_means = c.type_spread * torch.randn(
             c.n_types, p, generator=g, dtype=torch.float64
@@ -110,7 +118,10 @@ class StyleShiftWorld:
         self.rule = torch.randn(c.n_classes, p, generator=g, dtype=torch.float64)
 
     def sample(self, n: int, styles, generator: torch.Generator) -> LabelledSample:
-        """Draw ``n`` examples whose style is drawn uniformly from ``styles`` (a sequence of ints)."""
+        """Draw ``n`` examples, each with a style drawn uniformly from ``styles``.
+
+        ``styles`` is a sequence of style indices; ``generator`` supplies every draw.
+        """
         n = check_int("n", n, minimum=1)
         if not isinstance(generator, torch.Generator):
             raise TypeError(
@@ -129,10 +140,15 @@ class StyleShiftWorld:
         z = self.type_means[t] + c.content_noise * torch.randn(
             n, c.dim_content, generator=generator, dtype=torch.float64
         )
-        x = torch.einsum("ndp,np->nd", self.render[style], z)
-        x = x + c.input_noise * torch.randn(
-            n, c.dim_input, generator=generator, dtype=torch.float64
-        )
+        # place z in its style's block of a (J * p)-vector, then render all blocks at
+        # once: x = [R_0 ... R_{J-1}] (e_style ⊗ z) = R_style z
+        blocks = torch.zeros(n, c.n_styles, c.dim_content, dtype=torch.float64)
+        blocks[torch.arange(n), style] = z
+        x = blocks.reshape(n, -1) @ self._render_all.T
+        if c.input_noise > 0:
+            x = x + c.input_noise * torch.randn(
+                n, c.dim_input, generator=generator, dtype=torch.float64
+            )
         y = (z @ self.rule.T).argmax(1)
         return LabelledSample(x=x.float(), types=t, labels=y, styles=style)
 
@@ -149,7 +165,10 @@ class StyleShiftWorld:
         return self.sample(n, range(1, self.config.n_styles), generator)
 
     def style_coordinates(self, x: torch.Tensor) -> torch.Tensor:
-        """The energy of each input in each style's subspace, ``(n, J)``: :math:`\\lVert R_j^\\top x\\rVert^2`."""
+        """The energy of each input in each style's subspace, ``(n, J)``.
+
+        Entry :math:`(i, j)` is :math:`\\lVert R_j^\\top x_i\\rVert^2`.
+        """
         x = check_tensor(
             "x", x, shape=(None, self.config.dim_input), floating=True
         ).double()

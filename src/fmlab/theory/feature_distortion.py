@@ -4,28 +4,31 @@ The setting of :cite:t:`kumar2022finetuning`, in the notation of
 ``notebooks/03-lp-vs-ft.ipynb``. A two-layer linear network
 
 .. math::
-    f_{v,B}(x) = v^\\top B x, \\qquad v \\in \\mathbb{R}^k,\\; B \\in \\mathbb{R}^{k\\times d},
+    f_{v,B}(x) = v^\\top B x, \\qquad v \\in \\mathbb{R}^k,\\;
+    B \\in \\mathbb{R}^{k\\times d},
 
 is adapted to noiseless labels :math:`y = v_\\star^\\top B_\\star x` (the rows of
 :math:`B_\\star` are orthonormal). The ID training inputs are the rows of
 :math:`X \\in \\mathbb{R}^{n\\times d}`; they span a subspace :math:`S` of dimension
-:math:`m < d`. With :math:`w = B^\\top v - B_\\star^\\top v_\\star` the error of the end-to-end
-linear map,
+:math:`m < d`. With :math:`w = B^\\top v - B_\\star^\\top v_\\star` the error of the
+end-to-end linear map,
 
 .. math::
     L_{\\text{id}}(v, B) = \\tfrac1n \\lVert X w \\rVert^2, \\qquad
     L_{\\text{ood}}(v, B) = w^\\top \\Sigma_{\\text{ood}}\\, w,
 
-the second for OOD inputs with second moment :math:`\\Sigma_{\\text{ood}}`. ``id_loss`` is also
-the training objective, since the labels are noiseless.
+the second for OOD inputs with second moment :math:`\\Sigma_{\\text{ood}}`.
+``id_loss`` is also the training objective, since the labels are noiseless.
 
-* **LP** keeps :math:`B = B_0` and solves least squares for the head (:func:`linear_probe_head`).
-* **FT** runs gradient flow on :math:`L_{\\text{id}}` over :math:`(v, B)` from :math:`(v_0, B_0)`
-  (:func:`gradient_flow`, a fixed-step fourth-order Runge-Kutta integrator).
+* **LP** keeps :math:`B = B_0` and solves least squares for the head
+  (:func:`linear_probe_head`).
+* **FT** runs gradient flow on :math:`L_{\\text{id}}` over :math:`(v, B)` from
+  :math:`(v_0, B_0)` (:func:`gradient_flow`, a fixed-step fourth-order Runge-Kutta
+  integrator).
 * **LP-FT** runs the same gradient flow from :math:`(v_{\\text{lp}}, B_0)`.
 
-Everything is float64 and batched over a leading axis, so a sweep over feature errors and
-seeds is one call.
+Everything is float64 and batched over a leading axis, so a sweep over feature errors
+and seeds is one call.
 """
 
 from __future__ import annotations
@@ -72,10 +75,12 @@ class LinearShiftConfig:
         Number of ID training inputs (at least ``id_dim``, so that they span :math:`S`).
     feature_error : float
         The angle :math:`\\varepsilon \\in [0, \\pi/2]` between the row spaces of
-        :math:`B_0` and :math:`B_\\star` (all principal angles equal it); 0 is perfect features.
+        :math:`B_0` and :math:`B_\\star` (all principal angles equal it); 0 is perfect
+        features.
     shift_angle : float
         :math:`\\alpha \\in [0, \\pi/2]`: OOD inputs have second moment
-        :math:`\\cos^2\\alpha\\,P_S + \\sin^2\\alpha\\,P_\\perp`; 0 is no shift, :math:`\\pi/2` is OOD
+        :math:`\\cos^2\\alpha\\,P_S + \\sin^2\\alpha\\,P_\\perp`; 0 is no shift,
+        :math:`\\pi/2` is OOD
         inputs orthogonal to every training input.
     head_scale : float
         Standard deviation of each entry of the random FT head :math:`v_0`.
@@ -99,11 +104,13 @@ class LinearShiftConfig:
         check_int("n", self.n, minimum=m)
         if k > m or k > d - m:
             raise ValueError(
-                f"rank must be <= id_dim and <= dim - id_dim, got rank={k}, id_dim={m}, dim={d}"
+                "rank must be <= id_dim and <= dim - id_dim, got "
+                f"rank={k}, id_dim={m}, dim={d}"
             )
         if 2 * k > d:
             raise ValueError(
-                f"rank must be <= dim / 2 (B0 tilts B_star into k new directions), got rank={k}, dim={d}"
+                "rank must be <= dim / 2 (B0 tilts B_star into k new directions), "
+                f"got rank={k}, dim={d}"
             )
         check_float(
             "feature_error", self.feature_error, minimum=0.0, maximum=math.pi / 2
@@ -115,7 +122,10 @@ class LinearShiftConfig:
 
 @dataclass(frozen=True)
 class LinearShiftProblem:
-    """The tensors of one instance (all float64). Shapes: ``X (n, d)``, ``B_star, B0 (k, d)``."""
+    """The tensors of one instance (all float64).
+
+    Shapes: ``X (n, d)``, ``B_star, B0 (k, d)``.
+    """
 
     X: torch.Tensor
     y: torch.Tensor
@@ -133,12 +143,13 @@ class LinearShiftProblem:
 
 
 def make_linear_shift_problem(config: LinearShiftConfig) -> LinearShiftProblem:
-    """Draw an instance: a random ID subspace, ground truth, tilted features and a random head.
+    """Draw an instance: a random ID subspace, truth, tilted features and a random head.
 
     :math:`B_\\star` has orthonormal rows in a random position (generic with respect to
-    :math:`S`); :math:`B_0 = \\cos\\varepsilon\\,B_\\star + \\sin\\varepsilon\\,E` with :math:`E` orthonormal
-    rows orthogonal to those of :math:`B_\\star`, so :math:`B_0` also has orthonormal rows and
-    every principal angle between the two row spaces is :math:`\\varepsilon`. The ID inputs are
+    :math:`S`); :math:`B_0 = \\cos\\varepsilon\\,B_\\star + \\sin\\varepsilon\\,E` with
+    :math:`E` orthonormal rows orthogonal to those of :math:`B_\\star`, so :math:`B_0`
+    also has orthonormal rows and every principal angle between the two row spaces is
+    :math:`\\varepsilon`. The ID inputs are
     standard normal in :math:`S`; :math:`v_\\star` is a random unit vector and
     :math:`v_0 \\sim N(0, \\sigma_0^2 I)` with :math:`\\sigma_0` = ``head_scale``.
     """
@@ -176,8 +187,11 @@ def make_linear_shift_problem(config: LinearShiftConfig) -> LinearShiftProblem:
 
 
 def subspace_distance(B: torch.Tensor, B_star: torch.Tensor) -> float:
-    """:math:`\\lVert P_{B} - P_{B_\\star}\\rVert_2`, the sine of the largest principal angle
-    between the row spaces of ``B`` and ``B_star`` (both ``(k, d)`` of full row rank)."""
+    """:math:`\\lVert P_{B} - P_{B_\\star}\\rVert_2`: the sine of the largest angle.
+
+    The angle is between the row spaces of ``B`` and ``B_star`` (both ``(k, d)`` of full
+    row rank).
+    """
     B = check_tensor("B", B, ndim=2, floating=True).double()
     B_star = check_tensor(
         "B_star", B_star, shape=(None, B.shape[1]), floating=True
@@ -197,9 +211,11 @@ def _end_to_end_error(v, B, B_star, v_star):
 def id_loss(
     problem: LinearShiftProblem, v: torch.Tensor, B: torch.Tensor
 ) -> torch.Tensor:
-    """:math:`L_{\\text{id}} = \\frac1n\\lVert X(B^\\top v - B_\\star^\\top v_\\star)\\rVert^2`.
+    """The ID loss :math:`\\frac1n\\lVert X w\\rVert^2`, :math:`w = B^\\top v -
+    B_\\star^\\top v_\\star`.
 
-    ``v`` has shape ``(..., k)`` and ``B`` shape ``(..., k, d)``; returns shape ``(...)``.
+    ``v`` has shape ``(..., k)`` and ``B`` shape ``(..., k, d)``; returns shape
+    ``(...)``.
     """
     _check_problem(problem)
     v, B = _check_vB(problem, v, B)
@@ -210,9 +226,11 @@ def id_loss(
 def ood_loss(
     problem: LinearShiftProblem, v: torch.Tensor, B: torch.Tensor
 ) -> torch.Tensor:
-    """:math:`L_{\\text{ood}} = w^\\top\\Sigma_{\\text{ood}} w` with :math:`w = B^\\top v - B_\\star^\\top v_\\star`.
+    """The OOD loss :math:`w^\\top\\Sigma_{\\text{ood}} w`, :math:`w = B^\\top v -
+    B_\\star^\\top v_\\star`.
 
-    The exact expectation of :math:`(f_{v,B}(x) - y)^2` over OOD inputs with second moment
+    The exact expectation of :math:`(f_{v,B}(x) - y)^2` over OOD inputs with second
+    moment
     :math:`\\Sigma_{\\text{ood}}`. Shapes as in :func:`id_loss`.
     """
     _check_problem(problem)
@@ -227,9 +245,11 @@ def loss_gradients(X: torch.Tensor, y: torch.Tensor, v: torch.Tensor, B: torch.T
     With the residual :math:`r = XB^\\top v - y`,
 
     .. math::
-        \\nabla_v \\widehat L = \\tfrac2n B X^\\top r, \\qquad \\nabla_B \\widehat L = \\tfrac2n\\, v\\, (X^\\top r)^\\top .
+        \\nabla_v \\widehat L = \\tfrac2n B X^\\top r, \\qquad
+        \\nabla_B \\widehat L = \\tfrac2n\\, v\\, (X^\\top r)^\\top .
 
-    Every row of :math:`\\nabla_B` is a multiple of :math:`X^\\top r`, a combination of training
+    Every row of :math:`\\nabla_B` is a multiple of :math:`X^\\top r`, a combination of
+    training
     inputs: the gradient never points out of :math:`S`. Shapes: ``X (..., n, d)``,
     ``y (..., n)``, ``v (..., k)``, ``B (..., k, d)``. Returns ``(grad_v, grad_B)``.
     """
@@ -244,7 +264,7 @@ def loss_gradients(X: torch.Tensor, y: torch.Tensor, v: torch.Tensor, B: torch.T
 def linear_probe_head(
     X: torch.Tensor, y: torch.Tensor, B: torch.Tensor
 ) -> torch.Tensor:
-    """LP: the minimum-norm least-squares head :math:`v_{\\text{lp}} = (XB^\\top)^{+} y` on fixed features.
+    """LP: the minimum-norm least-squares head :math:`(XB^\\top)^{+} y`, features fixed.
 
     Shapes: ``X (..., n, d)``, ``y (..., n)``, ``B (..., k, d)``; returns ``(..., k)``.
     """
@@ -253,11 +273,13 @@ def linear_probe_head(
     B = check_tensor("B", B, floating=True)
     if X.ndim < 2 or B.ndim < 2:
         raise ValueError(
-            f"X and B must have at least 2 dimensions, got shapes {tuple(X.shape)} and {tuple(B.shape)}"
+            "X and B must have at least 2 dimensions, got shapes "
+            f"{tuple(X.shape)} and {tuple(B.shape)}"
         )
     if B.shape[-1] != X.shape[-1]:
         raise ValueError(
-            f"B must have {X.shape[-1]} columns (the input dimension of X), got shape {tuple(B.shape)}"
+            f"B must have {X.shape[-1]} columns (the input dimension of X), "
+            f"got shape {tuple(B.shape)}"
         )
     if y.shape != X.shape[:-1]:
         raise ValueError(
@@ -269,7 +291,10 @@ def linear_probe_head(
 
 @dataclass(frozen=True)
 class Trajectory:
-    """Gradient-flow states at the requested ``times``: ``v (T, ..., k)`` and ``B (T, ..., k, d)``."""
+    """Gradient-flow states at the requested ``times``.
+
+    ``v`` has shape ``(T, ..., k)`` and ``B`` shape ``(T, ..., k, d)``.
+    """
 
     times: torch.Tensor
     v: torch.Tensor
@@ -285,10 +310,11 @@ def gradient_flow(
     *,
     dt: float = 0.01,
 ) -> Trajectory:
-    """Integrate :math:`\\dot v = -\\nabla_v\\widehat L,\\ \\dot B = -\\nabla_B\\widehat L` from ``(v0, B0)``.
+    """Integrate the flow :math:`\\dot v = -\\nabla_v L,\\ \\dot B = -\\nabla_B L`.
 
-    Fourth-order Runge-Kutta with step ``dt`` (float64); the state is recorded at each of
-    ``times`` (non-decreasing, starting at or after 0; each is rounded to the step grid).
+    The flow starts at ``(v0, B0)``. Fourth-order Runge-Kutta with step ``dt``
+    (float64); the state is recorded at each of ``times`` (non-decreasing, starting at
+    or after 0; each is rounded to the step grid).
     All tensors may carry the same leading batch shape, so many independent problems
     integrate together. Used for FT (from a random head) and LP-FT (from the LP head).
     """
@@ -299,7 +325,8 @@ def gradient_flow(
     dt = check_float("dt", dt, minimum=0.0, strict_min=True)
     if X.ndim < 2 or B.ndim != v.ndim + 1 or B.shape[:-1] != v.shape:
         raise ValueError(
-            f"v0 (..., k) and B0 (..., k, d) do not match: {tuple(v.shape)} and {tuple(B.shape)}"
+            "v0 (..., k) and B0 (..., k, d) do not match: "
+            f"{tuple(v.shape)} and {tuple(B.shape)}"
         )
     if B.shape[-1] != X.shape[-1] or y.shape != X.shape[:-1]:
         raise ValueError(
@@ -340,12 +367,14 @@ def gradient_flow(
 
 
 def conserved_quantity(v: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
-    """:math:`vv^\\top - BB^\\top`, constant along gradient flow of any loss of :math:`B^\\top v`."""
+    """:math:`vv^\\top - BB^\\top`, constant along the gradient flow of any loss of
+    :math:`B^\\top v`."""
     v = check_tensor("v", v, floating=True)
     B = check_tensor("B", B, floating=True)
     if B.shape[:-1] != v.shape:
         raise ValueError(
-            f"v (..., k) and B (..., k, d) do not match: {tuple(v.shape)} and {tuple(B.shape)}"
+            "v (..., k) and B (..., k, d) do not match: "
+            f"{tuple(v.shape)} and {tuple(B.shape)}"
         )
     return v.unsqueeze(-1) * v.unsqueeze(-2) - B @ B.transpose(-1, -2)
 
@@ -403,7 +432,7 @@ def distortion_sweep(
     *,
     dt: float = 0.01,
 ) -> DistortionSweep:
-    """Run LP (closed form), FT and LP-FT (gradient flow) for every feature error and seed.
+    """Run LP (closed form), FT and LP-FT (gradient flow) for every error and seed.
 
     Each ``(feature_error, seed)`` is one instance of ``base`` with those two fields
     replaced; all instances integrate together in one batched :func:`gradient_flow`. The
