@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from fmlab.data.hmm_language import HMMLanguage, HMMLanguageConfig
 from fmlab.implicit_bias import (
+    GRU_BLOCKS,
     SameLossConfig,
     adversarial_probe_loss,
     kl_gap,
@@ -134,6 +135,30 @@ def test_tied_emissions_hide_the_block_from_token_counts():
     assert succ[0] != succ[1]  # the blocks differ only in their cycles
 
 
+def test_untied_emissions_show_the_block_in_every_token_and_stay_exact():
+    cfg = HMMLanguageConfig(**{**TINY.__dict__, "tied": False})
+    lang = HMMLanguage(cfg)
+    assert cfg.vocab_size == cfg.n_states
+    assert torch.equal(lang.emission.argmax(1), torch.arange(cfg.n_states))
+    assert torch.allclose(
+        lang.emission.sum(1), torch.ones(cfg.n_states, dtype=torch.float64)
+    )
+    seqs, px, _ = _brute_force(lang)
+    assert float(px.sum()) == pytest.approx(1.0, abs=1e-12)
+    T = cfg.length
+    for t in range(T):  # p(x_t | x_-t) by summing the joint over x_t
+        rest = [j for j in range(T) if j != t]
+        joint = px.reshape([cfg.vocab_size] * T)
+        cond = joint / joint.sum(dim=t, keepdim=True)
+        want = cond.permute(*rest, t).reshape(-1, cfg.vocab_size)
+        got = lang.masked_conditionals(seqs)[:, t]
+        idx = torch.stack([seqs[:, j] for j in rest], 1)
+        flat = torch.zeros(len(seqs), dtype=torch.long)
+        for j in range(T - 1):
+            flat = flat * cfg.vocab_size + idx[:, j]
+        assert torch.allclose(got, want[flat], atol=1e-12)
+
+
 def test_language_arguments_are_validated():
     with pytest.raises(ValueError, match="stay"):
         HMMLanguageConfig(stay=1.5)
@@ -144,6 +169,8 @@ def test_language_arguments_are_validated():
         lang.masked_conditionals(torch.full((2, TINY.length), 99))
     with pytest.raises(ValueError, match="task"):
         lang.bayes_accuracy(0, task="colour")
+    with pytest.raises(TypeError, match="tied"):
+        HMMLanguageConfig(tied=1)
 
 
 # -- the masked language model -----------------------------------------------------
@@ -186,6 +213,7 @@ def test_mlm_fisher_trace_matches_a_sum_over_positions_and_labels():
     x = torch.randint(3, (4, 3), generator=torch.Generator().manual_seed(1))
     n, T, V = 4, 3, 3
     exact = torch.zeros(2)
+    exact_blocks = {b: torch.zeros(2) for b in GRU_BLOCKS}
     for e in range(2):
         member = model.member(e)
         probs = torch.softmax(member(x)[0], -1).detach()
@@ -194,14 +222,23 @@ def test_mlm_fisher_trace_matches_a_sum_over_positions_and_labels():
                 for y in range(V):
                     member.zero_grad()
                     F.log_softmax(member(x[i : i + 1])[0, 0, t], -1)[y].backward()
-                    sq = sum(float(p.grad.pow(2).sum()) for p in member.parameters())
-                    exact[e] += probs[i, t, y] * sq / (n * T)
+                    grads = {k: p.grad for k, p in member.named_parameters()}
+                    w = probs[i, t, y] / (n * T)
+                    for b, names in GRU_BLOCKS.items():
+                        sq = sum(float(grads[k].pow(2).sum()) for k in names)
+                        exact_blocks[b][e] += w * sq
+                        exact[e] += w * sq
     # the same four sentences repeated: 3000 independent label draws each, in one vmap
     est = mlm_fisher_trace(
-        model, x.repeat(3000, 1), generator=torch.Generator().manual_seed(2)
+        model,
+        x.repeat(3000, 1),
+        generator=torch.Generator().manual_seed(2),
+        blocks=GRU_BLOCKS,
     )
     assert torch.all((est.per_group - exact).abs() < 4 * est.per_group_stderr)
     assert torch.allclose(est.per_group, exact, rtol=0.05)
+    for b, e in est.per_block.items():
+        assert torch.all((e.per_group - exact_blocks[b]).abs() < 4 * e.per_group_stderr)
 
 
 def test_gradient_covariance_trace_matches_explicit_gradients():

@@ -40,6 +40,7 @@ from .theory.flatness import TraceEstimate, fisher_trace, hutchinson_trace
 from .train import progress
 
 __all__ = [
+    "GRU_BLOCKS",
     "SameLossConfig",
     "kl_gap",
     "mlm_fisher_trace",
@@ -48,6 +49,8 @@ __all__ = [
     "ridge_probe_accuracy",
     "probe_curve",
     "adversarial_probe_loss",
+    "lookup_table_transfer",
+    "block_trace_comparison",
     "train_phase",
     "same_loss_experiment",
     "single_threaded",
@@ -86,6 +89,31 @@ def kl_gap(
 # ---------------------------------------------------------------------------------
 # flatness of the masked-LM loss
 # ---------------------------------------------------------------------------------
+#: the parameter blocks of a :class:`BiGRUMaskedLM`: the recurrent encoder, whose states
+#: the downstream probe reads, and the output MLP ("head"), which the probe never reads
+GRU_BLOCKS = {
+    "encoder": ("emb", "rec", "rec_bias", "h0"),
+    "head": ("w1", "b1", "w2", "b2"),
+}
+
+
+def _per_position(est: TraceEstimate, T: int) -> TraceEstimate:
+    """Divide an estimate (and its blocks) by the number of masked positions ``T``."""
+    blocks = (
+        None
+        if est.per_block is None
+        else {b: _per_position(e, T) for b, e in est.per_block.items()}
+    )
+    return TraceEstimate(
+        est.value / T,
+        est.stderr / T,
+        est.n,
+        None if est.per_group is None else est.per_group / T,
+        None if est.per_group_stderr is None else est.per_group_stderr / T,
+        blocks,
+    )
+
+
 def _params(model):
     return {k: v.detach() for k, v in model.named_parameters()}
 
@@ -96,6 +124,7 @@ def mlm_fisher_trace(
     *,
     n_labels: int = 1,
     generator: torch.Generator | None = None,
+    blocks=None,
 ) -> TraceEstimate:
     """Sampled-label estimate of :math:`\\operatorname{tr}\\nabla^2 L_{\\text{pre}}` for each member.
 
@@ -103,7 +132,8 @@ def mlm_fisher_trace(
     all :math:`T` positions are drawn independently from the model, and
     :math:`\\frac1T\\lVert\\nabla_\\theta \\sum_t \\log p_\\theta(y_t\\mid x_{-t})\\rVert^2` is averaged over
     sentences (see :func:`fmlab.theory.flatness.fisher_trace`). Returns the estimate of
-    the sum over members in ``value`` and each member's in ``per_group``.
+    the sum over members in ``value`` and each member's in ``per_group``; with
+    ``blocks`` (e.g. :data:`GRU_BLOCKS`) also each parameter block's in ``per_block``.
     """
     if not isinstance(model, BiGRUMaskedLM):
         raise TypeError(f"model must be a BiGRUMaskedLM, got {type(model).__name__}")
@@ -125,14 +155,9 @@ def mlm_fisher_trace(
         n_labels=n_labels,
         generator=generator,
         groups=model.n_models,
+        blocks=blocks,
     )
-    return TraceEstimate(
-        est.value / T,
-        est.stderr / T,
-        est.n,
-        est.per_group / T,
-        est.per_group_stderr / T,
-    )
+    return _per_position(est, T)
 
 
 def mlm_hutchinson_trace(
@@ -141,8 +166,13 @@ def mlm_hutchinson_trace(
     *,
     n_probes: int = 32,
     generator: torch.Generator | None = None,
+    blocks=None,
 ) -> TraceEstimate:
-    """Hutchinson's estimate of the trace of the Hessian of the true-label loss on ``tokens``."""
+    """Hutchinson's estimate of the trace of the Hessian of the true-label loss on ``tokens``.
+
+    With ``blocks`` (e.g. :data:`GRU_BLOCKS`) also each block's trace, from the same
+    probes (:func:`fmlab.theory.flatness.hutchinson_trace`).
+    """
     if not isinstance(model, BiGRUMaskedLM):
         raise TypeError(f"model must be a BiGRUMaskedLM, got {type(model).__name__}")
     tokens = model.check_tokens(tokens)[0]
@@ -162,6 +192,7 @@ def mlm_hutchinson_trace(
         generator=generator,
         chunk=8,
         groups=model.n_models,
+        blocks=blocks,
     )
 
 
@@ -424,7 +455,9 @@ class SameLossConfig:
     probe_ridge: float = 1e-2
     n_probe_test: int = 5000
     n_gap: int = 3000
-    n_trace: int = 1000
+    n_trace: int = 2000
+    trace_labels: int = 1
+    version: int = 2  # 2: traces per parameter block (changes what is cached)
     n_bartlett: int = 200
     bartlett_probes: int = 24
 
@@ -479,8 +512,14 @@ def _same_loss_experiment(config: SameLossConfig) -> dict:
         with torch.no_grad():
             ftr = model.features(tr_tok).flatten(2).double()
             fte = model.features(te_tok).flatten(2).double()
-        tr = mlm_fisher_trace(model, trace_tok, generator=make_generator(label_seed))
-        return {
+        tr = mlm_fisher_trace(
+            model,
+            trace_tok,
+            n_labels=c.trace_labels,
+            generator=make_generator(label_seed),
+            blocks=GRU_BLOCKS,
+        )
+        out = {
             "gap": kl_gap(model, gap_tok, gap_cond),
             "trace": tr.per_group.double(),
             "trace_se": tr.per_group_stderr.double(),
@@ -488,6 +527,13 @@ def _same_loss_experiment(config: SameLossConfig) -> dict:
                 [curve(ftr[e], fte[e]) for e in range(model.n_models)]
             ),
         }
+        for block, est in tr.per_block.items():
+            out[f"trace_{block}"] = est.per_group.double()
+            out[f"trace_{block}_se"] = est.per_group_stderr.double()
+        for name in ("w1", "w2"):  # the head's two weight matrices, per member
+            w = getattr(model, name).detach().double()
+            out[f"norm_{name}"] = w.flatten(1).norm(dim=1)
+        return out
 
     out: dict = {}
     ent, ent_se = lang.optimal_mlm_loss()
@@ -551,7 +597,7 @@ def _same_loss_experiment(config: SameLossConfig) -> dict:
         desc="continued training",
     )
     out["continue_steps"] = torch.arange(0, c.continue_steps + 1, every)
-    for key in ("gap", "trace", "trace_se", "accuracy"):
+    for key in records[0]:
         out[f"continue_{key}"] = torch.stack([r[key] for r in records])
 
     # 3. the adversary, then plain re-convergence; and its control without the adversary
@@ -596,3 +642,138 @@ def _same_loss_experiment(config: SameLossConfig) -> dict:
     ).per_group.double()
     out["pretrained_state"] = {k: v.clone() for k, v in pretrained.state_dict().items()}
     return out
+
+
+# ---------------------------------------------------------------------------------
+# the look-up table, with tied and untied emissions
+# ---------------------------------------------------------------------------------
+def lookup_table_transfer(
+    language: HMMLanguageConfig,
+    *,
+    position: int,
+    n_train: int = 3000,
+    n_test: int = 5000,
+    ridge: float = 1e-2,
+    seed: int = 0,
+) -> dict:
+    """Block accuracy of the ridge probe on the exact conditionals (the "look-up table").
+
+    The look-up table of Liu et al. (2023) is a model that outputs
+    :math:`p^\\star(\\cdot\\mid x_{-t})` at every position; its representation is the
+    concatenation of those conditionals. Returns its probe accuracy on the block of the
+    hidden state at ``position`` (``"lookup"``), the same probe on the exact posterior
+    of the hidden states (``"posterior"``) and the Bayes accuracy (``"bayes"``), for
+    ``n_train`` training and ``n_test`` test sentences drawn with seeds ``seed`` and
+    ``seed + 1``.
+
+    With tied emissions (:class:`fmlab.data.hmm_language.HMMLanguageConfig`), state
+    :math:`(k, s)` emits like :math:`(k', s)`, so
+    :math:`p^\\star(\\cdot\\mid x_{-t}) = \\sum_s \\big(\\sum_k q_t(k, s)\\big)\\,E_s` depends on the
+    posterior only through its marginal over the blocks: every coordinate the probe sees
+    has the block summed out.
+    """
+    if not isinstance(language, HMMLanguageConfig):
+        raise TypeError(
+            f"language must be an HMMLanguageConfig, got {type(language).__name__}"
+        )
+    position = check_int("position", position, minimum=0, maximum=language.length - 1)
+    n_train = check_int("n_train", n_train, minimum=2)
+    n_test = check_int("n_test", n_test, minimum=1)
+    lang = HMMLanguage(language)
+    S, K = language.states_per_block, language.n_blocks
+    tr_tok, tr_h = lang.sample(n_train, make_generator(seed))
+    te_tok, te_h = lang.sample(n_test, make_generator(seed + 1))
+    ytr, yte = tr_h[:, position] // S, te_h[:, position] // S
+
+    def acc(f):
+        return ridge_probe_accuracy(
+            f(tr_tok).flatten(1), ytr, f(te_tok).flatten(1), yte, K, ridge
+        )
+
+    return {
+        "lookup": acc(lang.masked_conditionals),
+        "posterior": acc(lang.state_posterior),
+        "bayes": float(lang.block_posterior(te_tok)[:, position].max(-1).values.mean()),
+    }
+
+
+# ---------------------------------------------------------------------------------
+# exact block traces against Hutchinson's estimate (Chapter 5, the benchmark script)
+# ---------------------------------------------------------------------------------
+def block_trace_comparison(
+    *,
+    hidden: int = 6,
+    sentences: int = 48,
+    train_steps: int = 150,
+    probes: int = 300,
+    language: HMMLanguageConfig | None = None,
+    seed: int = 0,
+) -> dict:
+    """Exact per-block traces of a small masked LM's Hessian against Hutchinson's.
+
+    A one-member :class:`BiGRUMaskedLM` (state size ``hidden``, head width
+    ``2 * hidden``) is trained for ``train_steps`` Adam steps on ``language`` (default:
+    the chapter's), so that its Hessian is that of a model near a minimum. The loss is
+    the masked-LM loss on ``sentences`` fixed sentences. Returns the exact trace of
+    each block of :data:`GRU_BLOCKS` (one HVP per parameter,
+    :func:`fmlab.theory.flatness.hessian_block_traces_exact`) in ``"exact"``,
+    Hutchinson's estimates with ``probes`` probes and their standard errors in
+    ``"hutchinson"`` and ``"hutchinson_se"``, ``"n_params"`` and the process (CPU)
+    seconds each took, ``"seconds_exact"`` and ``"seconds_hutchinson"``.
+    """
+    import time
+
+    from .theory.flatness import hessian_block_traces_exact
+
+    hidden = check_int("hidden", hidden, minimum=1)
+    sentences = check_int("sentences", sentences, minimum=1)
+    train_steps = check_int("train_steps", train_steps, minimum=0)
+    probes = check_int("probes", probes, minimum=2)
+    lang = HMMLanguage(language if language is not None else HMMLanguageConfig())
+    model = BiGRUMaskedLM(
+        lang.config.vocab_size,
+        hidden=hidden,
+        d_ff=2 * hidden,
+        generator=make_generator(seed),
+    )
+    with single_threaded():
+        train_phase(
+            model,
+            lang,
+            steps=train_steps,
+            batch=128,
+            lr=1e-2,
+            warmup=max(1, train_steps // 6),
+            generator=make_generator(seed + 1),
+            desc="training",
+        )
+        tokens, _ = lang.sample(sentences, make_generator(seed + 2))
+        params = _params(model)
+
+        def loss(p):
+            lg = functional_call(model, p, (tokens,))
+            E, n, T, V = lg.shape
+            return F.cross_entropy(
+                lg.reshape(-1, V), tokens.expand(E, n, T).reshape(-1)
+            )
+
+        t0 = time.process_time()
+        exact = hessian_block_traces_exact(loss, params, GRU_BLOCKS, chunk=128)
+        t1 = time.process_time()
+        est = hutchinson_trace(
+            loss,
+            params,
+            n_probes=probes,
+            generator=make_generator(seed + 3),
+            chunk=25,
+            blocks=GRU_BLOCKS,
+        )
+        t2 = time.process_time()
+    return {
+        "n_params": sum(p.numel() for p in params.values()),
+        "exact": exact,
+        "hutchinson": {b: e.value for b, e in est.per_block.items()},
+        "hutchinson_se": {b: e.stderr for b, e in est.per_block.items()},
+        "seconds_exact": t1 - t0,
+        "seconds_hutchinson": t2 - t1,
+    }

@@ -21,6 +21,9 @@ same tokens with the same frequencies: the block of :math:`h_t` is invisible in 
 and shows only in the *order* of tokens. (Liu et al., 2023 used block-diagonal emissions,
 which reveal the block from a single token; tying them makes the block a genuinely
 contextual property, so that a linear probe measures how a model represents context.)
+``tied=False`` gives the block-diagonal alternative: state :math:`h` emits token
+:math:`h` with probability ``1 - emission_noise`` and a uniform token of all
+:math:`V = KS` otherwise.
 
 **Exact conditionals.** With the scaled forward and backward quantities
 
@@ -67,6 +70,7 @@ class HMMLanguageConfig:
     cycle_noise: float = 0.1
     emission_noise: float = 0.3
     seed: int = 0
+    tied: bool = True
 
     def __post_init__(self):
         check_int("n_blocks", self.n_blocks, minimum=1)
@@ -76,6 +80,8 @@ class HMMLanguageConfig:
         check_float("cycle_noise", self.cycle_noise, minimum=0.0, maximum=1.0)
         check_float("emission_noise", self.emission_noise, minimum=0.0, maximum=1.0)
         check_int("seed", self.seed, minimum=0)
+        if not isinstance(self.tied, bool):
+            raise TypeError(f"tied must be a bool, got {type(self.tied).__name__}")
 
     @property
     def n_states(self) -> int:
@@ -84,8 +90,8 @@ class HMMLanguageConfig:
 
     @property
     def vocab_size(self) -> int:
-        """:math:`V = S` (emissions are tied across blocks)."""
-        return self.states_per_block
+        """:math:`V = S` with tied emissions, :math:`V = KS` with untied ones."""
+        return self.states_per_block if self.tied else self.n_states
 
 
 def _cycle_orders(n_blocks: int, S: int, g: torch.Generator) -> list[torch.Tensor]:
@@ -136,12 +142,18 @@ class HMMLanguage:
             A[blk, blk] = (c.stay if K > 1 else 1.0) * inner
             if K > 1:
                 A[blk, self.state_block != k] = (1 - c.stay) / ((K - 1) * S)
+        V = c.vocab_size
         E0 = (1 - c.emission_noise) * torch.eye(
             S, dtype=torch.float64
         ) + c.emission_noise / S
         self.initial = torch.full((H,), 1.0 / H, dtype=torch.float64)
         self.transition = A / A.sum(1, keepdim=True)
-        self.emission = E0.repeat(K, 1)
+        if c.tied:
+            self.emission = E0.repeat(K, 1)
+        else:  # state h emits its own token h: the block shows in every token
+            self.emission = (1 - c.emission_noise) * torch.eye(
+                H, dtype=torch.float64
+            ) + c.emission_noise / V
 
     # -- sampling -----------------------------------------------------------------
     def sample(
@@ -286,6 +298,8 @@ class HMMLanguage:
     def __repr__(self) -> str:
         c = self.config
         return (
-            f"HMMLanguage(H={c.n_states} states in {c.n_blocks} blocks, V={c.vocab_size}, T={c.length}, "
-            f"stay={c.stay}, cycle_noise={c.cycle_noise}, emission_noise={c.emission_noise}, seed={c.seed})"
+            f"HMMLanguage(H={c.n_states} states in {c.n_blocks} blocks, "
+            f"V={c.vocab_size}, T={c.length}, stay={c.stay}, "
+            f"cycle_noise={c.cycle_noise}, emission_noise={c.emission_noise}, "
+            f"{'tied' if c.tied else 'untied'} emissions, seed={c.seed})"
         )
