@@ -1,8 +1,8 @@
 """Tests of fmlab.theory.flatness, sgd_manifold and dyck_flatness (Chapter 5).
 
 Oracles: ``torch.autograd.functional.hessian`` (double backward, a different code path
-from the forward-over-reverse HVPs under test), brute-force sums over labels, closed forms.
-"""
+from the forward-over-reverse HVPs under test), brute-force sums over labels, closed
+forms."""
 
 import math
 
@@ -43,8 +43,9 @@ from fmlab.theory.sgd_manifold import (
 
 @pytest.fixture(autouse=True)
 def _float64_one_thread():
-    """These oracles compare to 1e-10, so every test here runs in float64; and on one thread,
-    since tiny tensors only pay synchronisation for a second one. Both restored after."""
+    """These oracles compare to 1e-10, so every test here runs in float64; and on one
+    thread, since tiny tensors only pay synchronisation for a second one. Both restored
+    after."""
     old, threads = torch.get_default_dtype(), torch.get_num_threads()
     torch.set_default_dtype(torch.float64)
     torch.set_num_threads(1)
@@ -74,7 +75,8 @@ def _logp(p, x, y):
 
 
 def _population_loss(p, X, target):
-    """Cross-entropy of the model against fixed conditionals ``target`` (n, C), uniform x."""
+    """Cross-entropy of the model against fixed conditionals ``target`` (n, C), uniform
+    x."""
     return -(target * F.log_softmax(_logits(p, X), dim=-1)).sum(1).mean()
 
 
@@ -199,7 +201,8 @@ def test_block_traces_are_exact_per_probe_for_a_diagonal_hessian():
 
 
 def test_fisher_block_traces_at_a_well_specified_minimum_are_hessian_blocks():
-    """At the minimum of a well-specified model the Fisher is the Hessian, block by block."""
+    """At the minimum of a well-specified model the Fisher is the Hessian, block by
+    block."""
     params, X = _tiny(5)
     with torch.no_grad():
         truth = torch.softmax(_logits(params, X), -1)
@@ -329,7 +332,8 @@ def test_manifold_trace_formula_matches_autograd(on_manifold):
 
 
 def test_flow_solves_the_projected_trace_flow():
-    """Integrate -1/(4B) grad_Gamma tr H by small Euler steps with autograd and re-projection."""
+    """Integrate -1/(4B) grad_Gamma tr H by small Euler steps with autograd and
+    re-projection."""
     m = ManifoldModel(P_STAR)
     s0 = torch.tensor([1.0, -0.5, 0.8])
     B, dt, n_steps = 2.0, 1e-3, 2000

@@ -1,9 +1,8 @@
 """Tests of the HMM language, the masked LM and the Chapter 5 experiment helpers.
 
-Oracle for the language: brute-force enumeration of every sentence (and every hidden path)
-of a tiny HMM. Oracle for the Fisher trace of the masked LM: an explicit sum over positions
-and labels with autograd.
-"""
+Oracle for the language: brute-force enumeration of every sentence (and every hidden
+path) of a tiny HMM. Oracle for the Fisher trace of the masked LM: an explicit sum over
+positions and labels with autograd."""
 
 import itertools
 
@@ -28,7 +27,8 @@ from fmlab.models.masked_lm import BiGRUMaskedLM, member_losses
 
 @pytest.fixture(autouse=True)
 def _one_thread():
-    """Tiny tensors: a second intra-op thread only adds synchronisation (restored after)."""
+    """Tiny tensors: a second intra-op thread only adds synchronisation (restored
+    after)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -47,7 +47,8 @@ TINY = HMMLanguageConfig(
 
 
 def _brute_force(lang):
-    """Joint p(x, h) by enumerating every hidden path; returns sentences, p(x), p(h_t | x)."""
+    """Joint p(x, h) by enumerating every hidden path; returns sentences, p(x), p(h_t |
+    x)."""
     c = lang.config
     H, V, T = c.n_states, c.vocab_size, c.length
     seqs = torch.tensor(list(itertools.product(range(V), repeat=T)))
@@ -333,3 +334,42 @@ def test_single_threaded_restores_the_thread_count_and_configs_are_checked():
         SameLossConfig(continue_steps=100, n_checkpoints=3)
     with pytest.raises(ValueError, match="position"):
         SameLossConfig(position=10)
+
+
+def test_lookup_table_reads_the_block_only_when_emissions_are_untied():
+    from fmlab.implicit_bias import lookup_table_transfer
+
+    kw = dict(position=4, n_train=1500, n_test=1500, seed=3)
+    tied = lookup_table_transfer(HMMLanguageConfig(emission_noise=0.05), **kw)
+    untied = lookup_table_transfer(
+        HMMLanguageConfig(emission_noise=0.05, tied=False), **kw
+    )
+    for r in (tied, untied):  # a linear probe cannot beat the Bayes rule (up to noise)
+        assert 0.0 <= r["lookup"] <= 1.0
+        assert r["posterior"] <= r["bayes"] + 0.03
+    assert tied["lookup"] < 0.6 < tied["bayes"]
+    assert untied["lookup"] > untied["bayes"] - 0.05
+    with pytest.raises(TypeError, match="language"):
+        lookup_table_transfer("hmm", position=0)
+
+
+def test_tied_conditionals_depend_on_the_posterior_only_through_its_block_marginal():
+    lang = HMMLanguage(HMMLanguageConfig())
+    x, _ = lang.sample(20, torch.Generator().manual_seed(0))
+    q = lang.masked_state_posterior(x)  # (n, T, H)
+    K, S = lang.config.n_blocks, lang.config.states_per_block
+    marginal = q.reshape(*q.shape[:2], K, S).sum(2)  # sum the block out
+    E0 = lang.emission[:S]
+    assert torch.allclose(lang.masked_conditionals(x), marginal @ E0, atol=1e-12)
+
+
+def test_block_trace_comparison_agrees_with_its_exact_reference():
+    from fmlab.implicit_bias import block_trace_comparison
+
+    r = block_trace_comparison(hidden=2, sentences=6, train_steps=3, probes=400)
+    h, V = 2, 5
+    gru = 2 * V * 3 * h + 2 * h * 3 * h + 2 * 3 * h + 2 * h
+    head = 2 * h * 2 * h + 2 * h + 2 * h * V + V
+    assert r["n_params"] == gru + head
+    for b in ("encoder", "head"):
+        assert abs(r["hutchinson"][b] - r["exact"][b]) < 4 * r["hutchinson_se"][b]

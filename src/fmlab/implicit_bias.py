@@ -3,8 +3,8 @@
 Used in Chapter 5 (``notebooks/05-implicit-bias.ipynb``). The pieces:
 
 * the language: :class:`fmlab.data.hmm_language.HMMLanguage`, whose masked-token
-  conditionals :math:`p^\\star(\\cdot \\mid x_{-t})` are exact, so the pretraining loss of a model
-  splits into the entropy (the optimum) plus a KL *gap* (:func:`kl_gap`);
+  conditionals :math:`p^\\star(\\cdot \\mid x_{-t})` are exact, so the pretraining loss
+  of a model splits into the entropy (the optimum) plus a KL *gap* (:func:`kl_gap`);
 * the model: an ensemble of bidirectional-GRU masked LMs
   (:class:`fmlab.models.masked_lm.BiGRUMaskedLM`), one member per seed;
 * flatness: the trace of the Hessian of the masked-LM loss by the sampled-label (Fisher)
@@ -12,8 +12,9 @@ Used in Chapter 5 (``notebooks/05-implicit-bias.ipynb``). The pieces:
   (:func:`mlm_hutchinson_trace`), and the trace of the covariance of the single-mask
   stochastic gradient (:func:`mlm_gradient_covariance_trace`) for the Bartlett identity;
 * transfer: a ridge linear probe on the concatenated contextual representations that
-  predicts the *block* of the hidden state at one position (:func:`ridge_probe_accuracy`),
-  and the same probe on the exact conditional probabilities (the "look-up table");
+  predicts the *block* of the hidden state at one position
+  (:func:`ridge_probe_accuracy`), and the same probe on the exact conditional
+  probabilities (the "look-up table");
 * three ways to reach (nearly) the same pretraining loss: Adam pretraining, continued
   SGD after convergence, and an adversarial meta-learning objective
   (:func:`adversarial_probe_loss`) that keeps the loss and spoils linear transfer.
@@ -63,10 +64,11 @@ __all__ = [
 def kl_gap(
     model: BiGRUMaskedLM, tokens: torch.Tensor, true_conditionals: torch.Tensor
 ) -> torch.Tensor:
-    """:math:`\\mathbb{E}_{x,t}\\,\\mathrm{KL}(p^\\star(\\cdot\\mid x_{-t})\\,\\|\\,p_\\theta(\\cdot\\mid x_{-t}))` for each member: ``(E,)``.
+    """:math:`\\mathbb{E}_{x,t}\\,\\mathrm{KL}(p^\\star(\\cdot\\mid
+    x_{-t})\\,\\|\\,p_\\theta(\\cdot\\mid x_{-t}))` for each member: ``(E,)``.
 
-    The masked-LM loss of a member is the entropy of the language plus this gap, so it is
-    the excess pretraining loss, measured without the sampling noise of the tokens.
+    The masked-LM loss of a member is the entropy of the language plus this gap, so it
+    is the excess pretraining loss, measured without the sampling noise of the tokens.
     ``true_conditionals`` are ``language.masked_conditionals(tokens)``, ``(n, T, V)``.
     """
     tokens = model.check_tokens(tokens)
@@ -126,15 +128,16 @@ def mlm_fisher_trace(
     generator: torch.Generator | None = None,
     blocks=None,
 ) -> TraceEstimate:
-    """Sampled-label estimate of :math:`\\operatorname{tr}\\nabla^2 L_{\\text{pre}}` for each member.
+    """Sampled-label estimate of :math:`\\operatorname{tr}\\nabla^2 L_{\\text{pre}}` for
+    each member.
 
-    :math:`L_{\\text{pre}} = \\mathbb{E}_x \\frac1T\\sum_t -\\log p_\\theta(x_t\\mid x_{-t})`. Labels for
-    all :math:`T` positions are drawn independently from the model, and
-    :math:`\\frac1T\\lVert\\nabla_\\theta \\sum_t \\log p_\\theta(y_t\\mid x_{-t})\\rVert^2` is averaged over
-    sentences (see :func:`fmlab.theory.flatness.fisher_trace`). Returns the estimate of
-    the sum over members in ``value`` and each member's in ``per_group``; with
-    ``blocks`` (e.g. :data:`GRU_BLOCKS`) also each parameter block's in ``per_block``.
-    """
+    :math:`L_{\\text{pre}} = \\mathbb{E}_x \\frac1T\\sum_t -\\log p_\\theta(x_t\\mid
+    x_{-t})`. Labels for all :math:`T` positions are drawn independently from the model,
+    and :math:`\\frac1T\\lVert\\nabla_\\theta \\sum_t \\log p_\\theta(y_t\\mid
+    x_{-t})\\rVert^2` is averaged over sentences (see
+    :func:`fmlab.theory.flatness.fisher_trace`). Returns the estimate of the sum over
+    members in ``value`` and each member's in ``per_group``; with ``blocks`` (e.g.
+    :data:`GRU_BLOCKS`) also each parameter block's in ``per_block``."""
     if not isinstance(model, BiGRUMaskedLM):
         raise TypeError(f"model must be a BiGRUMaskedLM, got {type(model).__name__}")
     tokens = check_tensor("tokens", tokens, ndim=2, integer=True)
@@ -168,7 +171,8 @@ def mlm_hutchinson_trace(
     generator: torch.Generator | None = None,
     blocks=None,
 ) -> TraceEstimate:
-    """Hutchinson's estimate of the trace of the Hessian of the true-label loss on ``tokens``.
+    """Hutchinson's estimate of the trace of the Hessian of the true-label loss on
+    ``tokens``.
 
     With ``blocks`` (e.g. :data:`GRU_BLOCKS`) also each block's trace, from the same
     probes (:func:`fmlab.theory.flatness.hutchinson_trace`).
@@ -199,14 +203,15 @@ def mlm_hutchinson_trace(
 def mlm_gradient_covariance_trace(
     model: BiGRUMaskedLM, tokens: torch.Tensor
 ) -> torch.Tensor:
-    """:math:`\\operatorname{tr}\\Sigma` of the single-mask stochastic gradient, for each member: ``(E,)``.
+    """:math:`\\operatorname{tr}\\Sigma` of the single-mask stochastic gradient, for
+    each member: ``(E,)``.
 
-    One stochastic gradient is :math:`g = \\nabla_\\theta[-\\log p_\\theta(x_t\\mid x_{-t})]` for a
-    sentence :math:`x` and a uniform position :math:`t` (the true token as label);
-    :math:`\\operatorname{tr}\\Sigma = \\mathbb{E}\\lVert g\\rVert^2 - \\lVert\\mathbb{E} g\\rVert^2`, over all
-    (sentence, position) pairs of ``tokens``. The Bartlett identity says it equals
-    :math:`\\operatorname{tr}\\nabla^2 L_{\\text{pre}}` at a minimiser of a well-specified model.
-    """
+    One stochastic gradient is :math:`g = \\nabla_\\theta[-\\log p_\\theta(x_t\\mid
+    x_{-t})]` for a sentence :math:`x` and a uniform position :math:`t` (the true token
+    as label); :math:`\\operatorname{tr}\\Sigma = \\mathbb{E}\\lVert g\\rVert^2 -
+    \\lVert\\mathbb{E} g\\rVert^2`, over all (sentence, position) pairs of ``tokens``.
+    The Bartlett identity says it equals :math:`\\operatorname{tr}\\nabla^2
+    L_{\\text{pre}}` at a minimiser of a well-specified model."""
     if not isinstance(model, BiGRUMaskedLM):
         raise TypeError(f"model must be a BiGRUMaskedLM, got {type(model).__name__}")
     tokens = model.check_tokens(tokens)[0]
@@ -254,12 +259,13 @@ def ridge_probe_accuracy(
     n_classes: int,
     ridge: float = 1e-2,
 ) -> float:
-    """Test accuracy of a ridge-regression classifier (one-hot targets) on standardised features.
+    """Test accuracy of a ridge-regression classifier (one-hot targets) on standardised
+    features.
 
-    The head solves :math:`\\min_W \\frac1n\\lVert \\tilde\\Phi W - Y\\rVert^2 + \\lambda\\lVert W\\rVert^2` in
-    closed form, with :math:`\\tilde\\Phi` the features standardised with the training
-    statistics plus a constant column; prediction is the arg-max of :math:`\\tilde\\phi^\\top W`.
-    """
+    The head solves :math:`\\min_W \\frac1n\\lVert \\tilde\\Phi W - Y\\rVert^2 +
+    \\lambda\\lVert W\\rVert^2` in closed form, with :math:`\\tilde\\Phi` the features
+    standardised with the training statistics plus a constant column; prediction is the
+    arg-max of :math:`\\tilde\\phi^\\top W`."""
     ftr = check_tensor("train_features", train_features, ndim=2, floating=True).double()
     fte = check_tensor("test_features", test_features, ndim=2, floating=True).double()
     ytr = check_tensor(
@@ -299,9 +305,8 @@ def probe_curve(
 ) -> torch.Tensor:
     """Probe accuracy for each training size in ``sizes``: ``(len(sizes),)``.
 
-    A size :math:`m` uses disjoint blocks of :math:`m` training rows (up to three) and averages
-    their accuracies, so small sizes are not hostage to one draw.
-    """
+    A size :math:`m` uses disjoint blocks of :math:`m` training rows (up to three) and
+    averages their accuracies, so small sizes are not hostage to one draw."""
     out = []
     N = train_features.shape[0]
     for m in sizes:
@@ -329,13 +334,14 @@ def adversarial_probe_loss(
     n_classes: int,
     ridge: float = 1e-2,
 ) -> torch.Tensor:
-    """The meta-learning objective of the adversary (Liu et al., 2023, appendix A.4), per member.
+    """The meta-learning objective of the adversary (Liu et al., 2023, appendix A.4),
+    per member.
 
-    The sentences are split in halves :math:`S_1, S_2`. A ridge head is fitted in closed form
-    on :math:`S_1` (features standardised on the batch, as the evaluation probe does) and its
-    squared error on :math:`S_2` is returned, differentiable in the model's weights: ``(E,)``.
-    The adversary *maximises* it while keeping the masked-LM loss low.
-    """
+    The sentences are split in halves :math:`S_1, S_2`. A ridge head is fitted in closed
+    form on :math:`S_1` (features standardised on the batch, as the evaluation probe
+    does) and its squared error on :math:`S_2` is returned, differentiable in the
+    model's weights: ``(E,)``. The adversary *maximises* it while keeping the masked-LM
+    loss low."""
     f = model.features(tokens).flatten(2)  # (E, n, D)
     mu, sd = f.mean(1, keepdim=True), f.std(1, keepdim=True) + 1e-6
     f = torch.cat([(f - mu) / sd, torch.ones(*f.shape[:2], 1)], dim=-1)
@@ -441,7 +447,7 @@ class SameLossConfig:
     continue_steps: int = 2400
     continue_batch: int = 64
     continue_lr: float = 1.0
-    n_checkpoints: int = 6
+    n_checkpoints: int = 4
     # 3. the adversary (from the converged model), then plain re-convergence
     adversarial_steps: int = 800
     adversarial_weight: float = 0.05
@@ -455,7 +461,7 @@ class SameLossConfig:
     probe_ridge: float = 1e-2
     n_probe_test: int = 5000
     n_gap: int = 3000
-    n_trace: int = 2000
+    n_trace: int = 1000
     trace_labels: int = 1
     version: int = 2  # 2: traces per parameter block (changes what is cached)
     n_bartlett: int = 200
@@ -474,18 +480,19 @@ class SameLossConfig:
 
 
 def same_loss_experiment(config: SameLossConfig) -> dict:
-    """Run Chapter 5's experiment; returns a dict of tensors (see the chapter for each entry).
+    """Run Chapter 5's experiment; returns a dict of tensors (see the chapter for each
+    entry).
 
-    Keys: ``entropy``; ``bayes_accuracy``; ``lookup_accuracy`` and ``posterior_accuracy``
-    (probes on the exact conditionals and on the exact hidden-state posterior);
-    ``pretrain_steps``/``pretrain_gap`` (the gap along pretraining, ``(k, E)``);
-    ``continue_steps`` and, along continued training, ``continue_gap`` ``(k, E)``,
-    ``continue_trace`` and ``continue_trace_se`` ``(k, E)``, ``continue_accuracy``
-    ``(k, E, sizes)``; ``adversarial_gap``, ``adversarial_trace``, ``adversarial_trace_se``,
-    ``adversarial_accuracy`` for the adversarial models and ``control_*`` for their control
-    (the same optimiser and schedule without the adversary); ``bartlett_*`` at the pretrained
-    models: the trace of the gradient covariance, the Fisher and Hutchinson traces.
-    """
+    Keys: ``entropy``; ``bayes_accuracy``; ``lookup_accuracy`` and
+    ``posterior_accuracy`` (probes on the exact conditionals and on the exact
+    hidden-state posterior); ``pretrain_steps``/``pretrain_gap`` (the gap along
+    pretraining, ``(k, E)``); ``continue_steps`` and, along continued training,
+    ``continue_gap`` ``(k, E)``, ``continue_trace`` and ``continue_trace_se`` ``(k,
+    E)``, ``continue_accuracy`` ``(k, E, sizes)``; ``adversarial_gap``,
+    ``adversarial_trace``, ``adversarial_trace_se``, ``adversarial_accuracy`` for the
+    adversarial models and ``control_*`` for their control (the same optimiser and
+    schedule without the adversary); ``bartlett_*`` at the pretrained models: the trace
+    of the gradient covariance, the Fisher and Hutchinson traces."""
     if not isinstance(config, SameLossConfig):
         raise TypeError(f"config must be a SameLossConfig, got {type(config).__name__}")
     with single_threaded():
@@ -495,7 +502,7 @@ def same_loss_experiment(config: SameLossConfig) -> dict:
 def _same_loss_experiment(config: SameLossConfig) -> dict:
     c = config
     lang = HMMLanguage(c.language)
-    K, S, T = c.language.n_blocks, c.language.states_per_block, c.language.length
+    K, S = c.language.n_blocks, c.language.states_per_block
     # fixed evaluation data (seeds far from the training streams)
     gap_tok, _ = lang.sample(c.n_gap, make_generator(10_001))
     gap_cond = lang.masked_conditionals(gap_tok)
@@ -656,7 +663,8 @@ def lookup_table_transfer(
     ridge: float = 1e-2,
     seed: int = 0,
 ) -> dict:
-    """Block accuracy of the ridge probe on the exact conditionals (the "look-up table").
+    """Block accuracy of the ridge probe on the exact conditionals (the "look-up
+    table").
 
     The look-up table of Liu et al. (2023) is a model that outputs
     :math:`p^\\star(\\cdot\\mid x_{-t})` at every position; its representation is the
@@ -667,11 +675,10 @@ def lookup_table_transfer(
     ``seed + 1``.
 
     With tied emissions (:class:`fmlab.data.hmm_language.HMMLanguageConfig`), state
-    :math:`(k, s)` emits like :math:`(k', s)`, so
-    :math:`p^\\star(\\cdot\\mid x_{-t}) = \\sum_s \\big(\\sum_k q_t(k, s)\\big)\\,E_s` depends on the
-    posterior only through its marginal over the blocks: every coordinate the probe sees
-    has the block summed out.
-    """
+    :math:`(k, s)` emits like :math:`(k', s)`, so :math:`p^\\star(\\cdot\\mid x_{-t}) =
+    \\sum_s \\big(\\sum_k q_t(k, s)\\big)\\,E_s` depends on the posterior only through
+    its marginal over the blocks: every coordinate the probe sees has the block summed
+    out."""
     if not isinstance(language, HMMLanguageConfig):
         raise TypeError(
             f"language must be an HMMLanguageConfig, got {type(language).__name__}"

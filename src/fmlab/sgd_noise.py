@@ -5,10 +5,10 @@ of Liu et al. (2023) with the design they used: a bidirectional transformer whos
 normalised representation feeds a **linear** decoder
 (:class:`fmlab.models.bert.EnsembleBert`), pretrained with Adam until its masked-LM loss
 is at the optimum of a generated language (:class:`fmlab.data.hmm_language.HMMLanguage`,
-whose downstream label, the block of a hidden state, is not readable from single tokens),
-then continued from that point with plain SGD at several noise levels
-:math:`\\eta^2/B` for the same number of steps. Each continued model is compared with the
-others at (nearly) the same loss: its trace of the Hessian per parameter block
+whose downstream label, the block of a hidden state, is not readable from single
+tokens), then continued from that point with plain SGD at several noise levels
+:math:`\\eta^2/B` for the same number of steps. Each continued model is compared with
+the others at (nearly) the same loss: its trace of the Hessian per parameter block
 (encoder, decoder) and its linear-probe transfer.
 
 Why the decoder cannot hide flatness here: with logits :math:`z = D\\phi + c` and
@@ -16,9 +16,11 @@ Why the decoder cannot hide flatness here: with logits :math:`z = D\\phi + c` an
 :math:`\\partial z_v/\\partial c_v = 1`, so the Fisher trace of the decoder block is
 
 .. math::
-    \\operatorname{tr} F_{\\text{dec}} = \\mathbb{E}_{x,t}\\Big[(\\lVert\\phi_t\\rVert^2 + 1)
-    \\sum_v p_\\theta(v\\mid x_{-t})\\big(1 - p_\\theta(v\\mid x_{-t})\\big)\\Big]
-    \\;\\approx\\; (d+1)\\,\\mathbb{E}_{x,t}\\big[1 - \\lVert p_\\theta(\\cdot\\mid x_{-t})\\rVert^2\\big]
+    \\operatorname{tr} F_{\\text{dec}} = \\mathbb{E}_{x,t}\\Big[
+        (\\lVert\\phi_t\\rVert^2 + 1)
+        \\sum_v p_\\theta(v\\mid x_{-t})\\big(1 - p_\\theta(v\\mid x_{-t})\\big)\\Big]
+    \\;\\approx\\; (d+1)\\,\\mathbb{E}_{x,t}
+        \\big[1 - \\lVert p_\\theta(\\cdot\\mid x_{-t})\\rVert^2\\big]
 
 (:func:`head_trace_closed_form`): a function of the predictions alone. Two saturated
 models predict the same :math:`p^\\star`, so their decoders have the same trace; any
@@ -68,7 +70,8 @@ def _check_model(model):
 def bert_kl_gap(
     model: EnsembleBert, tokens: torch.Tensor, true_conditionals: torch.Tensor
 ) -> torch.Tensor:
-    """:math:`\\mathbb{E}_{x,t}\\mathrm{KL}(p^\\star\\,\\|\\,p_\\theta)` for each member: ``(E,)``.
+    """:math:`\\mathbb{E}_{x,t}\\mathrm{KL}(p^\\star\\,\\|\\,p_\\theta)` for each
+    member: ``(E,)``.
 
     ``true_conditionals`` are ``language.masked_conditionals(tokens)``, ``(n, T, V)``.
     """
@@ -102,7 +105,8 @@ def bert_fisher_trace(
     *,
     generator: torch.Generator,
 ) -> TraceEstimate:
-    """Sampled-label estimate of :math:`\\operatorname{tr}\\nabla^2 L_{\\text{pre}}`, per block.
+    """Sampled-label estimate of :math:`\\operatorname{tr}\\nabla^2 L_{\\text{pre}}`,
+    per block.
 
     One masked position per sentence (``positions``, ``(n,)``), one label drawn from the
     model for it; :func:`fmlab.theory.flatness.fisher_trace` with the blocks
@@ -138,7 +142,8 @@ def bert_fisher_trace(
 def head_trace_closed_form(
     model: EnsembleBert, tokens: torch.Tensor, positions: torch.Tensor
 ) -> torch.Tensor:
-    """The decoder's exact Fisher trace, :math:`\\mathbb{E}[(\\lVert\\phi\\rVert^2+1)\\sum_v p_v(1-p_v)]`.
+    """The decoder's exact Fisher trace,
+    :math:`\\mathbb{E}[(\\lVert\\phi\\rVert^2+1)\\sum_v p_v(1-p_v)]`.
 
     Over the given (sentence, masked position) pairs, per member: ``(E,)``. Exact (every
     label summed), from the predictions and the representation norms alone.
@@ -178,10 +183,9 @@ def train_bert(
 
     ``schedule="cosine"``: linear warmup over ``warmup`` steps, then cosine decay to 0
     (pretraining). ``schedule="constant-then-decay"``: the learning rate ``lr`` for the
-    first ``1 - decay_fraction`` of the steps, then linearly down to 0 (continued SGD, so
-    that every run ends on the manifold of minimisers rather than in its stationary
-    oscillation around it). ``batch`` sentences per member and step.
-    """
+    first ``1 - decay_fraction`` of the steps, then linearly down to 0 (continued SGD,
+    so that every run ends on the manifold of minimisers rather than in its stationary
+    oscillation around it). ``batch`` sentences per member and step."""
     steps = check_int("steps", steps, minimum=0)
     batch = check_int("batch", batch, minimum=1)
     lr = check_float("lr", lr, minimum=0.0, strict_min=True)
@@ -276,9 +280,9 @@ def noise_transfer_experiment(config: NoiseTransferConfig) -> dict:
     ``trace_encoder``, ``trace_head`` and their ``*_se`` ``(M, E)``,
     ``head_closed_form`` ``(M, E)`` and ``accuracy`` ``(M, E, sizes)``; ``noise`` (the
     :math:`\\eta^2/B` of each continued run); ``n_params``; and
-    ``head_language_constant``, :math:`(d+1)\\,\\mathbb{E}[1-\\lVert p^\\star\\rVert^2]` over
-    the same (sentence, position) pairs: the decoder's trace of any saturated model.
-    """
+    ``head_language_constant``, :math:`(d+1)\\,\\mathbb{E}[1-\\lVert p^\\star\\rVert^2]`
+    over the same (sentence, position) pairs: the decoder's trace of any saturated
+    model."""
     if not isinstance(config, NoiseTransferConfig):
         raise TypeError(
             f"config must be a NoiseTransferConfig, got {type(config).__name__}"

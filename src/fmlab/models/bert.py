@@ -1,18 +1,20 @@
 """A small BERT-style masked language model, stored as an ensemble (Chapter 5).
 
-Used in Chapter 5 (``notebooks/05-implicit-bias.ipynb``) for the experiment of Liu et al.
-(2023) with the architecture they used for it: a bidirectional transformer whose
+Used in Chapter 5 (``notebooks/05-implicit-bias.ipynb``) for the experiment of Liu et
+al. (2023) with the architecture they used for it: a bidirectional transformer whose
 representation reaches the vocabulary through a normalisation and a **linear** decoder.
 
-**The model.** Tokens :math:`x_1,\\dots,x_T \\in \\{0,\\dots,V-1\\}`; the id :math:`V` is the
-``[MASK]`` token. With :math:`N(h) = (h - \\bar h)/\\sqrt{\\mathrm{var}(h) + \\epsilon}` a layer
-normalisation *without* gain or bias (over the feature axis),
+**The model.** Tokens :math:`x_1,\\dots,x_T \\in \\{0,\\dots,V-1\\}`; the id :math:`V`
+is the ``[MASK]`` token. With :math:`N(h) = (h - \\bar h)/\\sqrt{\\mathrm{var}(h) +
+\\epsilon}` a layer normalisation *without* gain or bias (over the feature axis),
 
 .. math::
     h^{(0)}_t = \\mathrm{Emb}[x_t] + P_t, \\qquad
-    a^{(\\ell)} = N\\big(h^{(\\ell-1)} + \\mathrm{Attn}_\\ell(h^{(\\ell-1)})\\big), \\qquad
-    h^{(\\ell)} = N\\big(a^{(\\ell)} + W_{2,\\ell}\\,\\mathrm{gelu}(W_{1,\\ell} a^{(\\ell)} + b_{1,\\ell})
-    + b_{2,\\ell}\\big),
+    a^{(\\ell)} = N\\big(h^{(\\ell-1)}
+        + \\mathrm{Attn}_\\ell(h^{(\\ell-1)})\\big), \\qquad
+    h^{(\\ell)} = N\\big(a^{(\\ell)}
+        + W_{2,\\ell}\\,\\mathrm{gelu}(W_{1,\\ell} a^{(\\ell)} + b_{1,\\ell})
+        + b_{2,\\ell}\\big),
 
 (post-normalisation blocks, as in BERT), multi-head softmax attention over all positions
 (bidirectional), and the prediction for a masked position :math:`t`
@@ -21,12 +23,12 @@ normalisation *without* gain or bias (over the feature axis),
     p_\\theta(\\cdot \\mid x_{-t}) = \\mathrm{softmax}\\big(D\\, \\phi_t + c\\big),
     \\qquad \\phi_t = h^{(L)}_t \\text{ on the sentence with } x_t = \\texttt{[MASK]}.
 
-The representation :math:`\\phi` has :math:`\\lVert\\phi_t\\rVert^2 \\approx d` whatever the weights,
-so the decoder :math:`(D, c)` cannot be rescaled against the layer before it: at a given
-prediction its share of the trace of the Hessian is fixed (see
+The representation :math:`\\phi` has :math:`\\lVert\\phi_t\\rVert^2 \\approx d` whatever
+the weights, so the decoder :math:`(D, c)` cannot be rescaled against the layer before
+it: at a given prediction its share of the trace of the Hessian is fixed (see
 :func:`fmlab.sgd_noise.head_trace_closed_form`). The *contextual representation* handed
-to downstream linear probes is :math:`(\\phi_1, \\dots, \\phi_T)` of the unmasked sentence,
-concatenated (the protocol of Liu et al., 2023).
+to downstream linear probes is :math:`(\\phi_1, \\dots, \\phi_T)` of the unmasked
+sentence, concatenated (the protocol of Liu et al., 2023).
 
 **An ensemble in one module.** ``n_models`` independent models live in the same tensors
 with a leading ensemble axis and run with batched matrix products; training the sum of
@@ -53,7 +55,8 @@ HEAD_PARAMETERS = ("dec_w", "dec_b")
 
 @dataclass(frozen=True)
 class BertConfig:
-    """Shape of an :class:`EnsembleBert` (``vocab_size`` counts the real tokens only)."""
+    """Shape of an :class:`EnsembleBert` (``vocab_size`` counts the real tokens
+    only)."""
 
     vocab_size: int
     length: int
@@ -208,13 +211,15 @@ class EnsembleBert(nn.Module):
         return self._linear(phi, self.dec_w, self.dec_b)
 
     def features(self, tokens: torch.Tensor) -> torch.Tensor:
-        """The probe's features: :math:`\\phi_t` of the unmasked sentence, ``(E, n, T, d)``."""
+        """The probe's features: :math:`\\phi_t` of the unmasked sentence, ``(E, n, T,
+        d)``."""
         return self.encode(self.check_tokens(tokens))
 
     def masked_logits(
         self, tokens: torch.Tensor, positions: torch.Tensor
     ) -> torch.Tensor:
-        """Logits of :math:`p_\\theta(\\cdot\\mid x_{-t})` with :math:`t` = ``positions``.
+        """Logits of :math:`p_\\theta(\\cdot\\mid x_{-t})` with :math:`t` =
+        ``positions``.
 
         ``tokens`` ``(n, T)`` or ``(E, n, T)``, ``positions`` ``(n,)`` or ``(E, n)``;
         returns ``(E, n, V)``. No input validation (the hot path of training); use
