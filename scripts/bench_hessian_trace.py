@@ -12,11 +12,11 @@ trace of each parameter block (the recurrent encoder, the MLP head) sums the dia
 with one Hessian-vector product per parameter
 (``fmlab.theory.flatness.hessian_block_traces_exact``); Hutchinson's estimator uses
 ``--probes`` Rademacher HVPs for all blocks at once. The script prints both per block
-and in total, the relative error, the estimator's standard error and the speed-up (CPU
-time). It exits with status 1 unless the total estimate is within 5% of the exact trace
-and at least 10 times faster. This is a script, not a timed test: timings depend on the
-machine.
-"""
+and in total, the relative error and the speed-up (CPU time). The speed-up can be at
+most about the ratio of Hessian-vector products, parameters / probes. The script exits
+with status 1 unless the total estimate is within 5% of the exact trace and the speed-up
+is at least half that ratio. This is a script, not a timed test: timings depend on the
+machine."""
 
 from __future__ import annotations
 
@@ -74,8 +74,13 @@ def main(argv=None) -> int:
     )
     print(f"relative error   {rel:12.4%}")
     print(f"speed-up         {speedup:12.1f}x")
-    ok = rel <= 0.05 and speedup >= 10
-    print("PASS" if ok else "FAIL", "(needs error <= 5% and speed-up >= 10x)")
+    bound = P / args.probes
+    ok = rel <= 0.05 and speedup >= 0.5 * bound
+    print(f"HVP ratio        {bound:12.1f}x")
+    print(
+        "PASS" if ok else "FAIL",
+        f"(needs error <= 5% and speed-up >= {0.5 * bound:.1f}x, half the HVP ratio)",
+    )
     return 0 if ok else 1
 
 

@@ -772,7 +772,7 @@ def block_trace_comparison(
             params,
             n_probes=probes,
             generator=make_generator(seed + 3),
-            chunk=25,
+            chunk=min(probes, 128),
             blocks=GRU_BLOCKS,
         )
         t2 = time.process_time()
