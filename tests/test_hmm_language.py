@@ -1,9 +1,8 @@
 """Tests of the HMM language, the masked LM and the Chapter 5 experiment helpers.
 
-Oracle for the language: brute-force enumeration of every sentence (and every hidden path)
-of a tiny HMM. Oracle for the Fisher trace of the masked LM: an explicit sum over positions
-and labels with autograd.
-"""
+Oracle for the language: brute-force enumeration of every sentence (and every hidden
+path) of a tiny HMM. Oracle for the Fisher trace of the masked LM: an explicit sum over
+positions and labels with autograd."""
 
 import itertools
 
@@ -13,6 +12,7 @@ import torch.nn.functional as F
 
 from fmlab.data.hmm_language import HMMLanguage, HMMLanguageConfig
 from fmlab.implicit_bias import (
+    GRU_BLOCKS,
     SameLossConfig,
     adversarial_probe_loss,
     kl_gap,
@@ -27,7 +27,8 @@ from fmlab.models.masked_lm import BiGRUMaskedLM, member_losses
 
 @pytest.fixture(autouse=True)
 def _one_thread():
-    """Tiny tensors: a second intra-op thread only adds synchronisation (restored after)."""
+    """Tiny tensors: a second intra-op thread only adds synchronisation (restored
+    after)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -46,7 +47,8 @@ TINY = HMMLanguageConfig(
 
 
 def _brute_force(lang):
-    """Joint p(x, h) by enumerating every hidden path; returns sentences, p(x), p(h_t | x)."""
+    """Joint p(x, h) by enumerating every hidden path; returns sentences, p(x), p(h_t |
+    x)."""
     c = lang.config
     H, V, T = c.n_states, c.vocab_size, c.length
     seqs = torch.tensor(list(itertools.product(range(V), repeat=T)))
@@ -134,6 +136,30 @@ def test_tied_emissions_hide_the_block_from_token_counts():
     assert succ[0] != succ[1]  # the blocks differ only in their cycles
 
 
+def test_untied_emissions_show_the_block_in_every_token_and_stay_exact():
+    cfg = HMMLanguageConfig(**{**TINY.__dict__, "tied": False})
+    lang = HMMLanguage(cfg)
+    assert cfg.vocab_size == cfg.n_states
+    assert torch.equal(lang.emission.argmax(1), torch.arange(cfg.n_states))
+    assert torch.allclose(
+        lang.emission.sum(1), torch.ones(cfg.n_states, dtype=torch.float64)
+    )
+    seqs, px, _ = _brute_force(lang)
+    assert float(px.sum()) == pytest.approx(1.0, abs=1e-12)
+    T = cfg.length
+    for t in range(T):  # p(x_t | x_-t) by summing the joint over x_t
+        rest = [j for j in range(T) if j != t]
+        joint = px.reshape([cfg.vocab_size] * T)
+        cond = joint / joint.sum(dim=t, keepdim=True)
+        want = cond.permute(*rest, t).reshape(-1, cfg.vocab_size)
+        got = lang.masked_conditionals(seqs)[:, t]
+        idx = torch.stack([seqs[:, j] for j in rest], 1)
+        flat = torch.zeros(len(seqs), dtype=torch.long)
+        for j in range(T - 1):
+            flat = flat * cfg.vocab_size + idx[:, j]
+        assert torch.allclose(got, want[flat], atol=1e-12)
+
+
 def test_language_arguments_are_validated():
     with pytest.raises(ValueError, match="stay"):
         HMMLanguageConfig(stay=1.5)
@@ -144,6 +170,8 @@ def test_language_arguments_are_validated():
         lang.masked_conditionals(torch.full((2, TINY.length), 99))
     with pytest.raises(ValueError, match="task"):
         lang.bayes_accuracy(0, task="colour")
+    with pytest.raises(TypeError, match="tied"):
+        HMMLanguageConfig(tied=1)
 
 
 # -- the masked language model -----------------------------------------------------
@@ -186,6 +214,7 @@ def test_mlm_fisher_trace_matches_a_sum_over_positions_and_labels():
     x = torch.randint(3, (4, 3), generator=torch.Generator().manual_seed(1))
     n, T, V = 4, 3, 3
     exact = torch.zeros(2)
+    exact_blocks = {b: torch.zeros(2) for b in GRU_BLOCKS}
     for e in range(2):
         member = model.member(e)
         probs = torch.softmax(member(x)[0], -1).detach()
@@ -194,14 +223,23 @@ def test_mlm_fisher_trace_matches_a_sum_over_positions_and_labels():
                 for y in range(V):
                     member.zero_grad()
                     F.log_softmax(member(x[i : i + 1])[0, 0, t], -1)[y].backward()
-                    sq = sum(float(p.grad.pow(2).sum()) for p in member.parameters())
-                    exact[e] += probs[i, t, y] * sq / (n * T)
+                    grads = {k: p.grad for k, p in member.named_parameters()}
+                    w = probs[i, t, y] / (n * T)
+                    for b, names in GRU_BLOCKS.items():
+                        sq = sum(float(grads[k].pow(2).sum()) for k in names)
+                        exact_blocks[b][e] += w * sq
+                        exact[e] += w * sq
     # the same four sentences repeated: 3000 independent label draws each, in one vmap
     est = mlm_fisher_trace(
-        model, x.repeat(3000, 1), generator=torch.Generator().manual_seed(2)
+        model,
+        x.repeat(3000, 1),
+        generator=torch.Generator().manual_seed(2),
+        blocks=GRU_BLOCKS,
     )
     assert torch.all((est.per_group - exact).abs() < 4 * est.per_group_stderr)
     assert torch.allclose(est.per_group, exact, rtol=0.05)
+    for b, e in est.per_block.items():
+        assert torch.all((e.per_group - exact_blocks[b]).abs() < 4 * e.per_group_stderr)
 
 
 def test_gradient_covariance_trace_matches_explicit_gradients():
@@ -296,3 +334,42 @@ def test_single_threaded_restores_the_thread_count_and_configs_are_checked():
         SameLossConfig(continue_steps=100, n_checkpoints=3)
     with pytest.raises(ValueError, match="position"):
         SameLossConfig(position=10)
+
+
+def test_lookup_table_reads_the_block_only_when_emissions_are_untied():
+    from fmlab.implicit_bias import lookup_table_transfer
+
+    kw = dict(position=4, n_train=1500, n_test=1500, seed=3)
+    tied = lookup_table_transfer(HMMLanguageConfig(emission_noise=0.05), **kw)
+    untied = lookup_table_transfer(
+        HMMLanguageConfig(emission_noise=0.05, tied=False), **kw
+    )
+    for r in (tied, untied):  # a linear probe cannot beat the Bayes rule (up to noise)
+        assert 0.0 <= r["lookup"] <= 1.0
+        assert r["posterior"] <= r["bayes"] + 0.03
+    assert tied["lookup"] < 0.6 < tied["bayes"]
+    assert untied["lookup"] > untied["bayes"] - 0.05
+    with pytest.raises(TypeError, match="language"):
+        lookup_table_transfer("hmm", position=0)
+
+
+def test_tied_conditionals_depend_on_the_posterior_only_through_its_block_marginal():
+    lang = HMMLanguage(HMMLanguageConfig())
+    x, _ = lang.sample(20, torch.Generator().manual_seed(0))
+    q = lang.masked_state_posterior(x)  # (n, T, H)
+    K, S = lang.config.n_blocks, lang.config.states_per_block
+    marginal = q.reshape(*q.shape[:2], K, S).sum(2)  # sum the block out
+    E0 = lang.emission[:S]
+    assert torch.allclose(lang.masked_conditionals(x), marginal @ E0, atol=1e-12)
+
+
+def test_block_trace_comparison_agrees_with_its_exact_reference():
+    from fmlab.implicit_bias import block_trace_comparison
+
+    r = block_trace_comparison(hidden=2, sentences=6, train_steps=3, probes=400)
+    h, V = 2, 5
+    gru = 2 * V * 3 * h + 2 * h * 3 * h + 2 * 3 * h + 2 * h
+    head = 2 * h * 2 * h + 2 * h + 2 * h * V + V
+    assert r["n_params"] == gru + head
+    for b in ("encoder", "head"):
+        assert abs(r["hutchinson"][b] - r["exact"][b]) < 4 * r["hutchinson_se"][b]

@@ -3,8 +3,8 @@
 Used in Chapter 5 (``notebooks/05-implicit-bias.ipynb``). The pieces:
 
 * the language: :class:`fmlab.data.hmm_language.HMMLanguage`, whose masked-token
-  conditionals :math:`p^\\star(\\cdot \\mid x_{-t})` are exact, so the pretraining loss of a model
-  splits into the entropy (the optimum) plus a KL *gap* (:func:`kl_gap`);
+  conditionals :math:`p^\\star(\\cdot \\mid x_{-t})` are exact, so the pretraining loss
+  of a model splits into the entropy (the optimum) plus a KL *gap* (:func:`kl_gap`);
 * the model: an ensemble of bidirectional-GRU masked LMs
   (:class:`fmlab.models.masked_lm.BiGRUMaskedLM`), one member per seed;
 * flatness: the trace of the Hessian of the masked-LM loss by the sampled-label (Fisher)
@@ -12,8 +12,9 @@ Used in Chapter 5 (``notebooks/05-implicit-bias.ipynb``). The pieces:
   (:func:`mlm_hutchinson_trace`), and the trace of the covariance of the single-mask
   stochastic gradient (:func:`mlm_gradient_covariance_trace`) for the Bartlett identity;
 * transfer: a ridge linear probe on the concatenated contextual representations that
-  predicts the *block* of the hidden state at one position (:func:`ridge_probe_accuracy`),
-  and the same probe on the exact conditional probabilities (the "look-up table");
+  predicts the *block* of the hidden state at one position
+  (:func:`ridge_probe_accuracy`), and the same probe on the exact conditional
+  probabilities (the "look-up table");
 * three ways to reach (nearly) the same pretraining loss: Adam pretraining, continued
   SGD after convergence, and an adversarial meta-learning objective
   (:func:`adversarial_probe_loss`) that keeps the loss and spoils linear transfer.
@@ -40,6 +41,7 @@ from .theory.flatness import TraceEstimate, fisher_trace, hutchinson_trace
 from .train import progress
 
 __all__ = [
+    "GRU_BLOCKS",
     "SameLossConfig",
     "kl_gap",
     "mlm_fisher_trace",
@@ -48,6 +50,8 @@ __all__ = [
     "ridge_probe_accuracy",
     "probe_curve",
     "adversarial_probe_loss",
+    "lookup_table_transfer",
+    "block_trace_comparison",
     "train_phase",
     "same_loss_experiment",
     "single_threaded",
@@ -60,10 +64,11 @@ __all__ = [
 def kl_gap(
     model: BiGRUMaskedLM, tokens: torch.Tensor, true_conditionals: torch.Tensor
 ) -> torch.Tensor:
-    """:math:`\\mathbb{E}_{x,t}\\,\\mathrm{KL}(p^\\star(\\cdot\\mid x_{-t})\\,\\|\\,p_\\theta(\\cdot\\mid x_{-t}))` for each member: ``(E,)``.
+    """:math:`\\mathbb{E}_{x,t}\\,\\mathrm{KL}(p^\\star(\\cdot\\mid
+    x_{-t})\\,\\|\\,p_\\theta(\\cdot\\mid x_{-t}))` for each member: ``(E,)``.
 
-    The masked-LM loss of a member is the entropy of the language plus this gap, so it is
-    the excess pretraining loss, measured without the sampling noise of the tokens.
+    The masked-LM loss of a member is the entropy of the language plus this gap, so it
+    is the excess pretraining loss, measured without the sampling noise of the tokens.
     ``true_conditionals`` are ``language.masked_conditionals(tokens)``, ``(n, T, V)``.
     """
     tokens = model.check_tokens(tokens)
@@ -86,6 +91,31 @@ def kl_gap(
 # ---------------------------------------------------------------------------------
 # flatness of the masked-LM loss
 # ---------------------------------------------------------------------------------
+#: the parameter blocks of a :class:`BiGRUMaskedLM`: the recurrent encoder, whose states
+#: the downstream probe reads, and the output MLP ("head"), which the probe never reads
+GRU_BLOCKS = {
+    "encoder": ("emb", "rec", "rec_bias", "h0"),
+    "head": ("w1", "b1", "w2", "b2"),
+}
+
+
+def _per_position(est: TraceEstimate, T: int) -> TraceEstimate:
+    """Divide an estimate (and its blocks) by the number of masked positions ``T``."""
+    blocks = (
+        None
+        if est.per_block is None
+        else {b: _per_position(e, T) for b, e in est.per_block.items()}
+    )
+    return TraceEstimate(
+        est.value / T,
+        est.stderr / T,
+        est.n,
+        None if est.per_group is None else est.per_group / T,
+        None if est.per_group_stderr is None else est.per_group_stderr / T,
+        blocks,
+    )
+
+
 def _params(model):
     return {k: v.detach() for k, v in model.named_parameters()}
 
@@ -96,15 +126,18 @@ def mlm_fisher_trace(
     *,
     n_labels: int = 1,
     generator: torch.Generator | None = None,
+    blocks=None,
 ) -> TraceEstimate:
-    """Sampled-label estimate of :math:`\\operatorname{tr}\\nabla^2 L_{\\text{pre}}` for each member.
+    """Sampled-label estimate of :math:`\\operatorname{tr}\\nabla^2 L_{\\text{pre}}` for
+    each member.
 
-    :math:`L_{\\text{pre}} = \\mathbb{E}_x \\frac1T\\sum_t -\\log p_\\theta(x_t\\mid x_{-t})`. Labels for
-    all :math:`T` positions are drawn independently from the model, and
-    :math:`\\frac1T\\lVert\\nabla_\\theta \\sum_t \\log p_\\theta(y_t\\mid x_{-t})\\rVert^2` is averaged over
-    sentences (see :func:`fmlab.theory.flatness.fisher_trace`). Returns the estimate of
-    the sum over members in ``value`` and each member's in ``per_group``.
-    """
+    :math:`L_{\\text{pre}} = \\mathbb{E}_x \\frac1T\\sum_t -\\log p_\\theta(x_t\\mid
+    x_{-t})`. Labels for all :math:`T` positions are drawn independently from the model,
+    and :math:`\\frac1T\\lVert\\nabla_\\theta \\sum_t \\log p_\\theta(y_t\\mid
+    x_{-t})\\rVert^2` is averaged over sentences (see
+    :func:`fmlab.theory.flatness.fisher_trace`). Returns the estimate of the sum over
+    members in ``value`` and each member's in ``per_group``; with ``blocks`` (e.g.
+    :data:`GRU_BLOCKS`) also each parameter block's in ``per_block``."""
     if not isinstance(model, BiGRUMaskedLM):
         raise TypeError(f"model must be a BiGRUMaskedLM, got {type(model).__name__}")
     tokens = check_tensor("tokens", tokens, ndim=2, integer=True)
@@ -125,14 +158,9 @@ def mlm_fisher_trace(
         n_labels=n_labels,
         generator=generator,
         groups=model.n_models,
+        blocks=blocks,
     )
-    return TraceEstimate(
-        est.value / T,
-        est.stderr / T,
-        est.n,
-        est.per_group / T,
-        est.per_group_stderr / T,
-    )
+    return _per_position(est, T)
 
 
 def mlm_hutchinson_trace(
@@ -141,8 +169,14 @@ def mlm_hutchinson_trace(
     *,
     n_probes: int = 32,
     generator: torch.Generator | None = None,
+    blocks=None,
 ) -> TraceEstimate:
-    """Hutchinson's estimate of the trace of the Hessian of the true-label loss on ``tokens``."""
+    """Hutchinson's estimate of the trace of the Hessian of the true-label loss on
+    ``tokens``.
+
+    With ``blocks`` (e.g. :data:`GRU_BLOCKS`) also each block's trace, from the same
+    probes (:func:`fmlab.theory.flatness.hutchinson_trace`).
+    """
     if not isinstance(model, BiGRUMaskedLM):
         raise TypeError(f"model must be a BiGRUMaskedLM, got {type(model).__name__}")
     tokens = model.check_tokens(tokens)[0]
@@ -162,20 +196,22 @@ def mlm_hutchinson_trace(
         generator=generator,
         chunk=8,
         groups=model.n_models,
+        blocks=blocks,
     )
 
 
 def mlm_gradient_covariance_trace(
     model: BiGRUMaskedLM, tokens: torch.Tensor
 ) -> torch.Tensor:
-    """:math:`\\operatorname{tr}\\Sigma` of the single-mask stochastic gradient, for each member: ``(E,)``.
+    """:math:`\\operatorname{tr}\\Sigma` of the single-mask stochastic gradient, for
+    each member: ``(E,)``.
 
-    One stochastic gradient is :math:`g = \\nabla_\\theta[-\\log p_\\theta(x_t\\mid x_{-t})]` for a
-    sentence :math:`x` and a uniform position :math:`t` (the true token as label);
-    :math:`\\operatorname{tr}\\Sigma = \\mathbb{E}\\lVert g\\rVert^2 - \\lVert\\mathbb{E} g\\rVert^2`, over all
-    (sentence, position) pairs of ``tokens``. The Bartlett identity says it equals
-    :math:`\\operatorname{tr}\\nabla^2 L_{\\text{pre}}` at a minimiser of a well-specified model.
-    """
+    One stochastic gradient is :math:`g = \\nabla_\\theta[-\\log p_\\theta(x_t\\mid
+    x_{-t})]` for a sentence :math:`x` and a uniform position :math:`t` (the true token
+    as label); :math:`\\operatorname{tr}\\Sigma = \\mathbb{E}\\lVert g\\rVert^2 -
+    \\lVert\\mathbb{E} g\\rVert^2`, over all (sentence, position) pairs of ``tokens``.
+    The Bartlett identity says it equals :math:`\\operatorname{tr}\\nabla^2
+    L_{\\text{pre}}` at a minimiser of a well-specified model."""
     if not isinstance(model, BiGRUMaskedLM):
         raise TypeError(f"model must be a BiGRUMaskedLM, got {type(model).__name__}")
     tokens = model.check_tokens(tokens)[0]
@@ -223,12 +259,13 @@ def ridge_probe_accuracy(
     n_classes: int,
     ridge: float = 1e-2,
 ) -> float:
-    """Test accuracy of a ridge-regression classifier (one-hot targets) on standardised features.
+    """Test accuracy of a ridge-regression classifier (one-hot targets) on standardised
+    features.
 
-    The head solves :math:`\\min_W \\frac1n\\lVert \\tilde\\Phi W - Y\\rVert^2 + \\lambda\\lVert W\\rVert^2` in
-    closed form, with :math:`\\tilde\\Phi` the features standardised with the training
-    statistics plus a constant column; prediction is the arg-max of :math:`\\tilde\\phi^\\top W`.
-    """
+    The head solves :math:`\\min_W \\frac1n\\lVert \\tilde\\Phi W - Y\\rVert^2 +
+    \\lambda\\lVert W\\rVert^2` in closed form, with :math:`\\tilde\\Phi` the features
+    standardised with the training statistics plus a constant column; prediction is the
+    arg-max of :math:`\\tilde\\phi^\\top W`."""
     ftr = check_tensor("train_features", train_features, ndim=2, floating=True).double()
     fte = check_tensor("test_features", test_features, ndim=2, floating=True).double()
     ytr = check_tensor(
@@ -268,9 +305,8 @@ def probe_curve(
 ) -> torch.Tensor:
     """Probe accuracy for each training size in ``sizes``: ``(len(sizes),)``.
 
-    A size :math:`m` uses disjoint blocks of :math:`m` training rows (up to three) and averages
-    their accuracies, so small sizes are not hostage to one draw.
-    """
+    A size :math:`m` uses disjoint blocks of :math:`m` training rows (up to three) and
+    averages their accuracies, so small sizes are not hostage to one draw."""
     out = []
     N = train_features.shape[0]
     for m in sizes:
@@ -298,13 +334,14 @@ def adversarial_probe_loss(
     n_classes: int,
     ridge: float = 1e-2,
 ) -> torch.Tensor:
-    """The meta-learning objective of the adversary (Liu et al., 2023, appendix A.4), per member.
+    """The meta-learning objective of the adversary (Liu et al., 2023, appendix A.4),
+    per member.
 
-    The sentences are split in halves :math:`S_1, S_2`. A ridge head is fitted in closed form
-    on :math:`S_1` (features standardised on the batch, as the evaluation probe does) and its
-    squared error on :math:`S_2` is returned, differentiable in the model's weights: ``(E,)``.
-    The adversary *maximises* it while keeping the masked-LM loss low.
-    """
+    The sentences are split in halves :math:`S_1, S_2`. A ridge head is fitted in closed
+    form on :math:`S_1` (features standardised on the batch, as the evaluation probe
+    does) and its squared error on :math:`S_2` is returned, differentiable in the
+    model's weights: ``(E,)``. The adversary *maximises* it while keeping the masked-LM
+    loss low."""
     f = model.features(tokens).flatten(2)  # (E, n, D)
     mu, sd = f.mean(1, keepdim=True), f.std(1, keepdim=True) + 1e-6
     f = torch.cat([(f - mu) / sd, torch.ones(*f.shape[:2], 1)], dim=-1)
@@ -410,7 +447,7 @@ class SameLossConfig:
     continue_steps: int = 2400
     continue_batch: int = 64
     continue_lr: float = 1.0
-    n_checkpoints: int = 6
+    n_checkpoints: int = 4
     # 3. the adversary (from the converged model), then plain re-convergence
     adversarial_steps: int = 800
     adversarial_weight: float = 0.05
@@ -425,6 +462,8 @@ class SameLossConfig:
     n_probe_test: int = 5000
     n_gap: int = 3000
     n_trace: int = 1000
+    trace_labels: int = 1
+    version: int = 2  # 2: traces per parameter block (changes what is cached)
     n_bartlett: int = 200
     bartlett_probes: int = 24
 
@@ -441,18 +480,19 @@ class SameLossConfig:
 
 
 def same_loss_experiment(config: SameLossConfig) -> dict:
-    """Run Chapter 5's experiment; returns a dict of tensors (see the chapter for each entry).
+    """Run Chapter 5's experiment; returns a dict of tensors (see the chapter for each
+    entry).
 
-    Keys: ``entropy``; ``bayes_accuracy``; ``lookup_accuracy`` and ``posterior_accuracy``
-    (probes on the exact conditionals and on the exact hidden-state posterior);
-    ``pretrain_steps``/``pretrain_gap`` (the gap along pretraining, ``(k, E)``);
-    ``continue_steps`` and, along continued training, ``continue_gap`` ``(k, E)``,
-    ``continue_trace`` and ``continue_trace_se`` ``(k, E)``, ``continue_accuracy``
-    ``(k, E, sizes)``; ``adversarial_gap``, ``adversarial_trace``, ``adversarial_trace_se``,
-    ``adversarial_accuracy`` for the adversarial models and ``control_*`` for their control
-    (the same optimiser and schedule without the adversary); ``bartlett_*`` at the pretrained
-    models: the trace of the gradient covariance, the Fisher and Hutchinson traces.
-    """
+    Keys: ``entropy``; ``bayes_accuracy``; ``lookup_accuracy`` and
+    ``posterior_accuracy`` (probes on the exact conditionals and on the exact
+    hidden-state posterior); ``pretrain_steps``/``pretrain_gap`` (the gap along
+    pretraining, ``(k, E)``); ``continue_steps`` and, along continued training,
+    ``continue_gap`` ``(k, E)``, ``continue_trace`` and ``continue_trace_se`` ``(k,
+    E)``, ``continue_accuracy`` ``(k, E, sizes)``; ``adversarial_gap``,
+    ``adversarial_trace``, ``adversarial_trace_se``, ``adversarial_accuracy`` for the
+    adversarial models and ``control_*`` for their control (the same optimiser and
+    schedule without the adversary); ``bartlett_*`` at the pretrained models: the trace
+    of the gradient covariance, the Fisher and Hutchinson traces."""
     if not isinstance(config, SameLossConfig):
         raise TypeError(f"config must be a SameLossConfig, got {type(config).__name__}")
     with single_threaded():
@@ -462,7 +502,7 @@ def same_loss_experiment(config: SameLossConfig) -> dict:
 def _same_loss_experiment(config: SameLossConfig) -> dict:
     c = config
     lang = HMMLanguage(c.language)
-    K, S, T = c.language.n_blocks, c.language.states_per_block, c.language.length
+    K, S = c.language.n_blocks, c.language.states_per_block
     # fixed evaluation data (seeds far from the training streams)
     gap_tok, _ = lang.sample(c.n_gap, make_generator(10_001))
     gap_cond = lang.masked_conditionals(gap_tok)
@@ -479,8 +519,14 @@ def _same_loss_experiment(config: SameLossConfig) -> dict:
         with torch.no_grad():
             ftr = model.features(tr_tok).flatten(2).double()
             fte = model.features(te_tok).flatten(2).double()
-        tr = mlm_fisher_trace(model, trace_tok, generator=make_generator(label_seed))
-        return {
+        tr = mlm_fisher_trace(
+            model,
+            trace_tok,
+            n_labels=c.trace_labels,
+            generator=make_generator(label_seed),
+            blocks=GRU_BLOCKS,
+        )
+        out = {
             "gap": kl_gap(model, gap_tok, gap_cond),
             "trace": tr.per_group.double(),
             "trace_se": tr.per_group_stderr.double(),
@@ -488,6 +534,13 @@ def _same_loss_experiment(config: SameLossConfig) -> dict:
                 [curve(ftr[e], fte[e]) for e in range(model.n_models)]
             ),
         }
+        for block, est in tr.per_block.items():
+            out[f"trace_{block}"] = est.per_group.double()
+            out[f"trace_{block}_se"] = est.per_group_stderr.double()
+        for name in ("w1", "w2"):  # the head's two weight matrices, per member
+            w = getattr(model, name).detach().double()
+            out[f"norm_{name}"] = w.flatten(1).norm(dim=1)
+        return out
 
     out: dict = {}
     ent, ent_se = lang.optimal_mlm_loss()
@@ -551,7 +604,7 @@ def _same_loss_experiment(config: SameLossConfig) -> dict:
         desc="continued training",
     )
     out["continue_steps"] = torch.arange(0, c.continue_steps + 1, every)
-    for key in ("gap", "trace", "trace_se", "accuracy"):
+    for key in records[0]:
         out[f"continue_{key}"] = torch.stack([r[key] for r in records])
 
     # 3. the adversary, then plain re-convergence; and its control without the adversary
@@ -596,3 +649,138 @@ def _same_loss_experiment(config: SameLossConfig) -> dict:
     ).per_group.double()
     out["pretrained_state"] = {k: v.clone() for k, v in pretrained.state_dict().items()}
     return out
+
+
+# ---------------------------------------------------------------------------------
+# the look-up table, with tied and untied emissions
+# ---------------------------------------------------------------------------------
+def lookup_table_transfer(
+    language: HMMLanguageConfig,
+    *,
+    position: int,
+    n_train: int = 3000,
+    n_test: int = 5000,
+    ridge: float = 1e-2,
+    seed: int = 0,
+) -> dict:
+    """Block accuracy of the ridge probe on the exact conditionals (the "look-up
+    table").
+
+    The look-up table of Liu et al. (2023) is a model that outputs
+    :math:`p^\\star(\\cdot\\mid x_{-t})` at every position; its representation is the
+    concatenation of those conditionals. Returns its probe accuracy on the block of the
+    hidden state at ``position`` (``"lookup"``), the same probe on the exact posterior
+    of the hidden states (``"posterior"``) and the Bayes accuracy (``"bayes"``), for
+    ``n_train`` training and ``n_test`` test sentences drawn with seeds ``seed`` and
+    ``seed + 1``.
+
+    With tied emissions (:class:`fmlab.data.hmm_language.HMMLanguageConfig`), state
+    :math:`(k, s)` emits like :math:`(k', s)`, so :math:`p^\\star(\\cdot\\mid x_{-t}) =
+    \\sum_s \\big(\\sum_k q_t(k, s)\\big)\\,E_s` depends on the posterior only through
+    its marginal over the blocks: every coordinate the probe sees has the block summed
+    out."""
+    if not isinstance(language, HMMLanguageConfig):
+        raise TypeError(
+            f"language must be an HMMLanguageConfig, got {type(language).__name__}"
+        )
+    position = check_int("position", position, minimum=0, maximum=language.length - 1)
+    n_train = check_int("n_train", n_train, minimum=2)
+    n_test = check_int("n_test", n_test, minimum=1)
+    lang = HMMLanguage(language)
+    S, K = language.states_per_block, language.n_blocks
+    tr_tok, tr_h = lang.sample(n_train, make_generator(seed))
+    te_tok, te_h = lang.sample(n_test, make_generator(seed + 1))
+    ytr, yte = tr_h[:, position] // S, te_h[:, position] // S
+
+    def acc(f):
+        return ridge_probe_accuracy(
+            f(tr_tok).flatten(1), ytr, f(te_tok).flatten(1), yte, K, ridge
+        )
+
+    return {
+        "lookup": acc(lang.masked_conditionals),
+        "posterior": acc(lang.state_posterior),
+        "bayes": float(lang.block_posterior(te_tok)[:, position].max(-1).values.mean()),
+    }
+
+
+# ---------------------------------------------------------------------------------
+# exact block traces against Hutchinson's estimate (Chapter 5, the benchmark script)
+# ---------------------------------------------------------------------------------
+def block_trace_comparison(
+    *,
+    hidden: int = 6,
+    sentences: int = 48,
+    train_steps: int = 150,
+    probes: int = 300,
+    language: HMMLanguageConfig | None = None,
+    seed: int = 0,
+) -> dict:
+    """Exact per-block traces of a small masked LM's Hessian against Hutchinson's.
+
+    A one-member :class:`BiGRUMaskedLM` (state size ``hidden``, head width
+    ``2 * hidden``) is trained for ``train_steps`` Adam steps on ``language`` (default:
+    the chapter's), so that its Hessian is that of a model near a minimum. The loss is
+    the masked-LM loss on ``sentences`` fixed sentences. Returns the exact trace of
+    each block of :data:`GRU_BLOCKS` (one HVP per parameter,
+    :func:`fmlab.theory.flatness.hessian_block_traces_exact`) in ``"exact"``,
+    Hutchinson's estimates with ``probes`` probes and their standard errors in
+    ``"hutchinson"`` and ``"hutchinson_se"``, ``"n_params"`` and the process (CPU)
+    seconds each took, ``"seconds_exact"`` and ``"seconds_hutchinson"``.
+    """
+    import time
+
+    from .theory.flatness import hessian_block_traces_exact
+
+    hidden = check_int("hidden", hidden, minimum=1)
+    sentences = check_int("sentences", sentences, minimum=1)
+    train_steps = check_int("train_steps", train_steps, minimum=0)
+    probes = check_int("probes", probes, minimum=2)
+    lang = HMMLanguage(language if language is not None else HMMLanguageConfig())
+    model = BiGRUMaskedLM(
+        lang.config.vocab_size,
+        hidden=hidden,
+        d_ff=2 * hidden,
+        generator=make_generator(seed),
+    )
+    with single_threaded():
+        train_phase(
+            model,
+            lang,
+            steps=train_steps,
+            batch=128,
+            lr=1e-2,
+            warmup=max(1, train_steps // 6),
+            generator=make_generator(seed + 1),
+            desc="training",
+        )
+        tokens, _ = lang.sample(sentences, make_generator(seed + 2))
+        params = _params(model)
+
+        def loss(p):
+            lg = functional_call(model, p, (tokens,))
+            E, n, T, V = lg.shape
+            return F.cross_entropy(
+                lg.reshape(-1, V), tokens.expand(E, n, T).reshape(-1)
+            )
+
+        t0 = time.process_time()
+        exact = hessian_block_traces_exact(loss, params, GRU_BLOCKS, chunk=128)
+        t1 = time.process_time()
+        est = hutchinson_trace(
+            loss,
+            params,
+            n_probes=probes,
+            generator=make_generator(seed + 3),
+            chunk=min(probes, 128),
+            blocks=GRU_BLOCKS,
+        )
+        t2 = time.process_time()
+    return {
+        "n_params": sum(p.numel() for p in params.values()),
+        "exact": exact,
+        "hutchinson": {b: e.value for b, e in est.per_block.items()},
+        "hutchinson_se": {b: e.stderr for b, e in est.per_block.items()},
+        "seconds_exact": t1 - t0,
+        "seconds_hutchinson": t2 - t1,
+    }

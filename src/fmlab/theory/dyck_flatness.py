@@ -1,40 +1,45 @@
-"""The Dyck-language construction of Liu et al. (2023, section 6): flatness picks transferable features.
+"""The Dyck-language construction of Liu et al. (2023, section 6): flatness picks
+transferable features.
 
 Used in Chapter 5 (``notebooks/05-implicit-bias.ipynb``).
 
 **Language.** Sentences of even length :math:`n` over brackets, written as signs
-:math:`x_j \\in \\{+1 (\\text{"("}), -1 (\\text{")"})\\}`, with as many of each (:math:`\\sum_j x_j = 0`),
-uniform over all :math:`\\binom{n}{n/2}` of them. Pretraining masks one uniform position
-:math:`i`; since the counts balance, the masked sign is :math:`y = -\\sum_{j \\ne i} x_j`.
+:math:`x_j \\in \\{+1 (\\text{"("}), -1 (\\text{")"})\\}`, with as many of each
+(:math:`\\sum_j x_j = 0`), uniform over all :math:`\\binom{n}{n/2}` of them. Pretraining
+masks one uniform position :math:`i`; since the counts balance, the masked sign is
+:math:`y = -\\sum_{j \\ne i} x_j`.
 
-**Encoding.** Token :math:`j` is a vector in :math:`\\mathbb{R}^{2n}`: :math:`x_j e_j` if visible and
-:math:`e_{n+j}` if masked. A sentence is the matrix :math:`X \\in \\mathbb{R}^{n\\times 2n}` of its tokens.
+**Encoding.** Token :math:`j` is a vector in :math:`\\mathbb{R}^{2n}`: :math:`x_j e_j`
+if visible and :math:`e_{n+j}` if masked. A sentence is the matrix :math:`X \\in
+\\mathbb{R}^{n\\times 2n}` of its tokens.
 
 **Model.** One attention layer and one MLP layer, read at the first token:
 
 .. math::
-    a(X) = \\sum_j \\mathrm{softmax}_j\\big((W_Q X_1)^\\top W_K X_j\\big)\\, W_V X_j, \\qquad
+    a(X) = \\sum_j \\mathrm{softmax}_j\\big((W_Q X_1)^\\top W_K X_j\\big)\\, W_V X_j,
+    \\qquad
     f_\\theta(X) = \\sum_{r=1}^m w_{2,r}\\, \\mathrm{relu}(w_{1,r}^\\top a(X)),
 
-trained with the squared loss :math:`L(\\theta) = \\mathbb{E}(f_\\theta(X) - y)^2`. Where the loss is
-zero, :math:`\\nabla^2 L = 2\\mathbb{E}[\\nabla f \\nabla f^\\top]`, so
-:math:`\\operatorname{tr}\\nabla^2 L = 2\\mathbb{E}\\lVert\\nabla_\\theta f\\rVert^2` (Lemma D.4), computed exactly
-by summing over every masked sentence (:func:`exact_trace`).
+trained with the squared loss :math:`L(\\theta) = \\mathbb{E}(f_\\theta(X) - y)^2`.
+Where the loss is zero, :math:`\\nabla^2 L = 2\\mathbb{E}[\\nabla f \\nabla f^\\top]`,
+so :math:`\\operatorname{tr}\\nabla^2 L = 2\\mathbb{E}\\lVert\\nabla_\\theta f\\rVert^2`
+(Lemma D.4), computed exactly by summing over every masked sentence
+(:func:`exact_trace`).
 
 **Two solutions with zero pretraining loss.** With :math:`W_Q = W_K = 0` the attention
 averages the tokens. (1) *Transferable*: two neurons reading the bracket count,
-:math:`w_{1} = \\beta(\\mathbf 1_n, 0)`, :math:`w_{2} = -\\beta(\\mathbf 1_n, 0)`, output weights :math:`\\mp\\gamma`.
-(2) *Memorising*: :math:`m` random Gaussian neurons, output weights fitted by minimum-norm
-least squares to every masked sentence. Both are then *rebalanced*: the loss is invariant
-under :math:`w_{1,r} \\to c_r w_{1,r}/\\alpha`, :math:`w_{2,r} \\to w_{2,r}/c_r`, :math:`W_V \\to \\alpha W_V`, and
-:func:`rebalance` picks the scales that minimise the trace in closed form, so each
-solution is compared at its flattest.
+:math:`w_{1} = \\beta(\\mathbf 1_n, 0)`, :math:`w_{2} = -\\beta(\\mathbf 1_n, 0)`,
+output weights :math:`\\mp\\gamma`. (2) *Memorising*: :math:`m` random Gaussian neurons,
+output weights fitted by minimum-norm least squares to every masked sentence. Both are
+then *rebalanced*: the loss is invariant under :math:`w_{1,r} \\to c_r w_{1,r}/\\alpha`,
+:math:`w_{2,r} \\to w_{2,r}/c_r`, :math:`W_V \\to \\alpha W_V`, and :func:`rebalance`
+picks the scales that minimise the trace in closed form, so each solution is compared at
+its flattest.
 
-**Downstream.** Random sequences :math:`x \\in \\{\\pm1\\}^n` (no mask, not balanced) with target
-:math:`\\tau(x) = \\sum_j x_j`, the bracket surplus; a minimum-norm linear head on the
-neurons :math:`\\mathrm{relu}(W_1 a(X))`, trained on :math:`N` examples, population error exact over
-all :math:`2^n` sequences (:func:`downstream_error`).
-"""
+**Downstream.** Random sequences :math:`x \\in \\{\\pm1\\}^n` (no mask, not balanced)
+with target :math:`\\tau(x) = \\sum_j x_j`, the bracket surplus; a minimum-norm linear
+head on the neurons :math:`\\mathrm{relu}(W_1 a(X))`, trained on :math:`N` examples,
+population error exact over all :math:`2^n` sequences (:func:`downstream_error`)."""
 
 from __future__ import annotations
 
@@ -63,7 +68,8 @@ __all__ = [
 
 @dataclass
 class DyckSolution:
-    """Parameters of the single-layer transformer: ``wq, wk, wv`` (2n, 2n), ``w1`` (m, 2n), ``w2`` (m,)."""
+    """Parameters of the single-layer transformer: ``wq, wk, wv`` (2n, 2n), ``w1`` (m,
+    2n), ``w2`` (m,)."""
 
     wq: torch.Tensor
     wk: torch.Tensor
@@ -86,7 +92,8 @@ class DyckSolution:
 
 
 def balanced_sentences(n: int) -> torch.Tensor:
-    """All sign sequences of length ``n`` (even) with zero sum: ``(binom(n, n/2), n)``, float64."""
+    """All sign sequences of length ``n`` (even) with zero sum: ``(binom(n, n/2), n)``,
+    float64."""
     n = check_int("n", n, minimum=2)
     if n % 2:
         raise ValueError(f"n must be even, got {n}")
@@ -98,10 +105,11 @@ def balanced_sentences(n: int) -> torch.Tensor:
 
 
 def masked_inputs(n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every masked sentence, encoded: inputs ``(N, n, 2n)`` and targets ``(N,)`` (the masked sign).
+    """Every masked sentence, encoded: inputs ``(N, n, 2n)`` and targets ``(N,)`` (the
+    masked sign).
 
-    Each balanced sentence appears once per mask position, so the rows are equally likely.
-    """
+    Each balanced sentence appears once per mask position, so the rows are equally
+    likely."""
     sents = balanced_sentences(n)
     X, y = [], []
     eye = torch.eye(2 * n, dtype=torch.float64)
@@ -116,7 +124,8 @@ def masked_inputs(n: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def downstream_inputs(n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """All ``2^n`` unmasked sign sequences, encoded ``(2^n, n, 2n)``, and :math:`\\tau(x) = \\sum_j x_j`."""
+    """All ``2^n`` unmasked sign sequences, encoded ``(2^n, n, 2n)``, and
+    :math:`\\tau(x) = \\sum_j x_j`."""
     n = check_int("n", n, minimum=1)
     seqs = torch.tensor(
         list(itertools.product([1.0, -1.0], repeat=n)), dtype=torch.float64
@@ -134,7 +143,8 @@ def _attend(p, X):
 
 
 def neurons(p: dict, X: torch.Tensor) -> torch.Tensor:
-    """The MLP activations :math:`\\mathrm{relu}(W_1 a(X))`: ``(N, m)`` (the downstream features)."""
+    """The MLP activations :math:`\\mathrm{relu}(W_1 a(X))`: ``(N, m)`` (the downstream
+    features)."""
     return torch.relu(_attend(p, X) @ p["w1"].T)
 
 
@@ -148,7 +158,8 @@ def _zeros(n):
 
 
 def transferable_solution(n: int) -> DyckSolution:
-    """Solution (1): uniform attention and two neurons reading the bracket count (before rebalancing)."""
+    """Solution (1): uniform attention and two neurons reading the bracket count (before
+    rebalancing)."""
     n = check_int("n", n, minimum=2)
     ones = torch.cat([torch.ones(n), torch.zeros(n)]).double()
     w1 = torch.stack([ones, -ones])
@@ -159,7 +170,8 @@ def transferable_solution(n: int) -> DyckSolution:
 
 
 def memorizing_solution(n: int, m: int, generator: torch.Generator) -> DyckSolution:
-    """Solution (2): ``m`` random Gaussian neurons with minimum-norm least-squares output weights."""
+    """Solution (2): ``m`` random Gaussian neurons with minimum-norm least-squares
+    output weights."""
     n = check_int("n", n, minimum=2)
     m = check_int("m", m, minimum=1)
     if not isinstance(generator, torch.Generator):
@@ -188,8 +200,10 @@ def pretraining_loss(sol: DyckSolution) -> float:
 
 
 def _trace_terms(sol: DyckSolution):
-    """Per-neuron :math:`P_r = \\mathbb{E}[\\partial f/\\partial w_{2,r}]^2`, :math:`Q_r = \\mathbb{E}\\lVert\\partial f/\\partial w_{1,r}\\rVert^2`,
-    and :math:`R = \\mathbb{E}\\lVert\\partial f/\\partial W_V\\rVert_F^2` (uniform attention, :math:`W_Q = W_K = 0`)."""
+    """Per-neuron :math:`P_r = \\mathbb{E}[\\partial f/\\partial w_{2,r}]^2`, :math:`Q_r
+    = \\mathbb{E}\\lVert\\partial f/\\partial w_{1,r}\\rVert^2`, and :math:`R =
+    \\mathbb{E}\\lVert\\partial f/\\partial W_V\\rVert_F^2` (uniform attention,
+    :math:`W_Q = W_K = 0`)."""
     n = sol.wv.shape[0] // 2
     X, _ = masked_inputs(n)
     abar = X.mean(1)  # uniform attention: the mean encoding
@@ -206,11 +220,12 @@ def _trace_terms(sol: DyckSolution):
 def rebalance(sol: DyckSolution) -> DyckSolution:
     """The same function at its flattest point of the rescaling symmetry (closed form).
 
-    With :math:`W_V \\to \\alpha W_V`, :math:`w_{1,r} \\to c_r w_{1,r}/\\alpha`, :math:`w_{2,r} \\to w_{2,r}/c_r`,
-    :math:`\\tfrac12\\operatorname{tr}\\nabla^2 L = \\sum_r(c_r^2 P_r + \\alpha^2 Q_r/c_r^2) + R/\\alpha^2`, minimised by
-    :math:`c_r^2 = \\alpha\\sqrt{Q_r/P_r}` and :math:`\\alpha^3 = R / \\sum_r\\sqrt{P_rQ_r}`. Requires uniform
-    attention (:math:`W_Q = W_K = 0`) and zero pretraining loss. Dead neurons are dropped.
-    """
+    With :math:`W_V \\to \\alpha W_V`, :math:`w_{1,r} \\to c_r w_{1,r}/\\alpha`,
+    :math:`w_{2,r} \\to w_{2,r}/c_r`, :math:`\\tfrac12\\operatorname{tr}\\nabla^2 L =
+    \\sum_r(c_r^2 P_r + \\alpha^2 Q_r/c_r^2) + R/\\alpha^2`, minimised by :math:`c_r^2 =
+    \\alpha\\sqrt{Q_r/P_r}` and :math:`\\alpha^3 = R / \\sum_r\\sqrt{P_rQ_r}`. Requires
+    uniform attention (:math:`W_Q = W_K = 0`) and zero pretraining loss. Dead neurons
+    are dropped."""
     if not isinstance(sol, DyckSolution):
         raise TypeError(f"sol must be a DyckSolution, got {type(sol).__name__}")
     if bool(sol.wq.abs().max() > 0) or bool(sol.wk.abs().max() > 0):
@@ -231,11 +246,12 @@ def rebalance(sol: DyckSolution) -> DyckSolution:
 
 
 def exact_trace(sol: DyckSolution) -> float:
-    """:math:`2\\mathbb{E}\\lVert\\nabla_\\theta f_\\theta(X)\\rVert^2` over every masked sentence, all parameters.
+    """:math:`2\\mathbb{E}\\lVert\\nabla_\\theta f_\\theta(X)\\rVert^2` over every
+    masked sentence, all parameters.
 
-    Equal to :math:`\\operatorname{tr}\\nabla^2 L` wherever the pretraining loss is zero (per-example
-    gradients by ``torch.func``; the unit tests compare with the autograd Hessian).
-    """
+    Equal to :math:`\\operatorname{tr}\\nabla^2 L` wherever the pretraining loss is zero
+    (per-example gradients by ``torch.func``; the unit tests compare with the autograd
+    Hessian)."""
     if not isinstance(sol, DyckSolution):
         raise TypeError(f"sol must be a DyckSolution, got {type(sol).__name__}")
     n = sol.wv.shape[0] // 2
@@ -249,12 +265,13 @@ def exact_trace(sol: DyckSolution) -> float:
 def downstream_error(
     sol: DyckSolution, n_train: int, generator: torch.Generator
 ) -> float:
-    """Population squared error of predicting :math:`\\tau(x)` with a minimum-norm linear head on the neurons.
+    """Population squared error of predicting :math:`\\tau(x)` with a minimum-norm
+    linear head on the neurons.
 
-    ``n_train`` sequences are drawn uniformly (with replacement) from the ``2^n``; the head
-    (with a bias) is the minimum-norm least-squares fit; the error is exact over all ``2^n``
-    sequences, divided by :math:`\\operatorname{Var}\\tau = n` (so 1 is the error of predicting 0).
-    """
+    ``n_train`` sequences are drawn uniformly (with replacement) from the ``2^n``; the
+    head (with a bias) is the minimum-norm least-squares fit; the error is exact over
+    all ``2^n`` sequences, divided by :math:`\\operatorname{Var}\\tau = n` (so 1 is the
+    error of predicting 0)."""
     n = sol.wv.shape[0] // 2
     n_train = check_int("n_train", n_train, minimum=1)
     X, tau = downstream_inputs(n)

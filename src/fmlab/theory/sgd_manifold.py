@@ -1,34 +1,39 @@
-"""A manifold of minimisers on which SGD's own noise lowers the trace of the Hessian (Chapter 5).
+"""A manifold of minimisers on which SGD's own noise lowers the trace of the Hessian
+(Chapter 5).
 
 Used in Chapter 5 (``notebooks/05-implicit-bias.ipynb``). The smallest language model:
-tokens :math:`y \\in \\{1,\\dots,K\\}` drawn i.i.d. from :math:`p^\\star`, and a factorised model
+tokens :math:`y \\in \\{1,\\dots,K\\}` drawn i.i.d. from :math:`p^\\star`, and a
+factorised model
 
 .. math::
-    p_\\theta(y) = \\mathrm{softmax}(z)_y, \\qquad z_k = u_k v_k \\; (k < K), \\qquad z_K = 0,
+    p_\\theta(y) = \\mathrm{softmax}(z)_y, \\qquad z_k = u_k v_k \\; (k < K),
+    \\qquad z_K = 0,
 
-with parameters :math:`\\theta = (u, v) \\in \\mathbb{R}^{2(K-1)}`, trained by cross-entropy on
-mini-batches of :math:`B` fresh tokens. The model is well specified, so the global
-minimisers are
+with parameters :math:`\\theta = (u, v) \\in \\mathbb{R}^{2(K-1)}`, trained by
+cross-entropy on mini-batches of :math:`B` fresh tokens. The model is well specified, so
+the global minimisers are
 
 .. math::
-    \\Gamma = \\{(u, v) : u_k v_k = c_k\\}, \\qquad c_k = \\log(p^\\star_k / p^\\star_K),
+    \\Gamma = \\{(u, v) : u_k v_k = c_k\\}, \\qquad
+    c_k = \\log(p^\\star_k / p^\\star_K),
 
-a product of :math:`K-1` hyperbolas. With :math:`F = \\operatorname{diag}(p) - pp^\\top` the Hessian is
-:math:`J^\\top F J` plus a term whose trace vanishes (each :math:`z_k` has zero diagonal second
-derivatives), so everywhere
+a product of :math:`K-1` hyperbolas. With :math:`F = \\operatorname{diag}(p) - pp^\\top`
+the Hessian is :math:`J^\\top F J` plus a term whose trace vanishes (each :math:`z_k`
+has zero diagonal second derivatives), so everywhere
 
 .. math::
     \\operatorname{tr}\\nabla^2 L(\\theta) = \\sum_{k<K} p_k(1-p_k)\\,(u_k^2 + v_k^2),
 
-which on :math:`\\Gamma` ranges from :math:`\\sum_k 2F_{kk}|c_k|` (balanced, :math:`|u_k| = |v_k|`)
-to infinity. Write :math:`u_k = \\sqrt{|c_k|}e^{s_k}`, :math:`|v_k| = \\sqrt{|c_k|}e^{-s_k}`; then
-:math:`u_k^2+v_k^2 = 2|c_k|\\cosh 2s_k`.
+which on :math:`\\Gamma` ranges from :math:`\\sum_k 2F_{kk}|c_k|` (balanced,
+:math:`|u_k| = |v_k|`) to infinity. Write :math:`u_k = \\sqrt{|c_k|}e^{s_k}`,
+:math:`|v_k| = \\sqrt{|c_k|}e^{-s_k}`; then :math:`u_k^2+v_k^2 = 2|c_k|\\cosh 2s_k`.
 
 **The limiting flow.** At a minimiser the mini-batch gradient has covariance :math:`H/B`
 (the Bartlett identity). Li, Wang and Arora (2022, Corollary 5.2) show that SGD with
-learning rate :math:`\\eta` then follows, on the time scale :math:`t = \\eta^2 \\times` steps,
-:math:`\\dot\\theta = -\\frac{1}{4B}\\nabla_\\Gamma \\operatorname{tr} H(\\theta)`. On one hyperbola this is
-:math:`\\dot s_k = -\\frac{F_{kk}}{2B}\\tanh 2 s_k`, solved by
+learning rate :math:`\\eta` then follows, on the time scale :math:`t = \\eta^2 \\times`
+steps, :math:`\\dot\\theta = -\\frac{1}{4B}\\nabla_\\Gamma \\operatorname{tr}
+H(\\theta)`. On one hyperbola this is :math:`\\dot s_k = -\\frac{F_{kk}}{2B}\\tanh 2
+s_k`, solved by
 
 .. math::
     \\sinh 2 s_k(t) = \\sinh 2 s_k(0)\\, e^{-F_{kk} t / B}.
@@ -57,7 +62,8 @@ __all__ = [
 
 @dataclass(frozen=True)
 class ManifoldModel:
-    """The factorised categorical model: the true distribution ``p_star`` (K,), float64."""
+    """The factorised categorical model: the true distribution ``p_star`` (K,),
+    float64."""
 
     p_star: torch.Tensor
 
@@ -70,24 +76,28 @@ class ManifoldModel:
 
     @property
     def c(self) -> torch.Tensor:
-        """The constraints :math:`c_k = \\log(p^\\star_k/p^\\star_K)` of the manifold, ``(K-1,)``."""
+        """The constraints :math:`c_k = \\log(p^\\star_k/p^\\star_K)` of the manifold,
+        ``(K-1,)``."""
         p = self.p_star.double()
         return (p[:-1] / p[-1]).log()
 
     @property
     def fisher_diag(self) -> torch.Tensor:
-        """:math:`F_{kk} = p^\\star_k(1-p^\\star_k)`, ``(K-1,)``: the curvature weights on the manifold."""
+        """:math:`F_{kk} = p^\\star_k(1-p^\\star_k)`, ``(K-1,)``: the curvature weights
+        on the manifold."""
         p = self.p_star.double()[:-1]
         return p * (1 - p)
 
     def point(self, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The minimiser with log-imbalance ``s`` (``(K-1,)`` or ``(R, K-1)``): ``(u, v)``."""
+        """The minimiser with log-imbalance ``s`` (``(K-1,)`` or ``(R, K-1)``): ``(u,
+        v)``."""
         c = self.c
         r = c.abs().sqrt()
         return r * torch.exp(s), torch.sign(c) * r * torch.exp(-s)
 
     def min_trace(self) -> float:
-        """The smallest :math:`\\operatorname{tr} H` on the manifold, :math:`\\sum_k 2F_{kk}|c_k|`."""
+        """The smallest :math:`\\operatorname{tr} H` on the manifold, :math:`\\sum_k
+        2F_{kk}|c_k|`."""
         return float((2 * self.fisher_diag * self.c.abs()).sum())
 
 
@@ -97,7 +107,8 @@ def _probs(u, v):
 
 
 def hessian_trace_uv(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """:math:`\\operatorname{tr}\\nabla^2 L = \\sum_k p_k(1-p_k)(u_k^2+v_k^2)` at any point (batched over rows)."""
+    """:math:`\\operatorname{tr}\\nabla^2 L = \\sum_k p_k(1-p_k)(u_k^2+v_k^2)` at any
+    point (batched over rows)."""
     p = _probs(u, v)[..., :-1]
     return (p * (1 - p) * (u**2 + v**2)).sum(-1)
 
@@ -105,7 +116,8 @@ def hessian_trace_uv(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 def excess_loss_uv(
     u: torch.Tensor, v: torch.Tensor, p_star: torch.Tensor
 ) -> torch.Tensor:
-    """:math:`L(\\theta) - L^\\star = \\mathrm{KL}(p^\\star \\,\\|\\, p_\\theta)` (batched over rows)."""
+    """:math:`L(\\theta) - L^\\star = \\mathrm{KL}(p^\\star \\,\\|\\, p_\\theta)`
+    (batched over rows)."""
     p = _probs(u, v)
     ps = p_star.to(p.dtype)
     return (ps * (ps.log() - p.log())).sum(-1)
@@ -113,7 +125,8 @@ def excess_loss_uv(
 
 @dataclass
 class SGDPaths:
-    """Recorded SGD runs: ``steps`` (k,), and per record and run ``trace``/``excess`` (k, R), ``s`` (k, R, K-1)."""
+    """Recorded SGD runs: ``steps`` (k,), and per record and run ``trace``/``excess``
+    (k, R), ``s`` (k, R, K-1)."""
 
     steps: torch.Tensor
     trace: torch.Tensor
@@ -145,11 +158,11 @@ def sgd_on_manifold_model(
     generator : torch.Generator
         The only source of randomness: the tokens of every mini-batch.
 
-    Each step draws the token counts of a batch, :math:`n \\sim \\mathrm{Multinomial}(B, p^\\star)`
-    (by a chain of binomials, so runs with different :math:`B` share one call), and uses the
-    exact mini-batch gradient :math:`\\nabla_z = p_\\theta - n/B`, :math:`\\nabla_u = \\nabla_z \\odot v`,
-    :math:`\\nabla_v = \\nabla_z \\odot u`. There is no added noise of any kind.
-    """
+    Each step draws the token counts of a batch, :math:`n \\sim \\mathrm{Multinomial}(B,
+    p^\\star)` (by a chain of binomials, so runs with different :math:`B` share one
+    call), and uses the exact mini-batch gradient :math:`\\nabla_z = p_\\theta - n/B`,
+    :math:`\\nabla_u = \\nabla_z \\odot v`, :math:`\\nabla_v = \\nabla_z \\odot u`.
+    There is no added noise of any kind."""
     if not isinstance(model, ManifoldModel):
         raise TypeError(f"model must be a ManifoldModel, got {type(model).__name__}")
     K = model.p_star.numel()
@@ -203,10 +216,11 @@ def sgd_on_manifold_model(
 def flow_trace(
     model: ManifoldModel, s0: torch.Tensor, t: torch.Tensor, batch: float
 ) -> torch.Tensor:
-    """The predicted :math:`\\operatorname{tr} H` along the limiting flow at times ``t`` (:math:`t = \\eta^2 \\times` steps).
+    """The predicted :math:`\\operatorname{tr} H` along the limiting flow at times ``t``
+    (:math:`t = \\eta^2 \\times` steps).
 
-    :math:`\\sum_k 2F_{kk}|c_k|\\cosh 2s_k(t)` with :math:`\\sinh 2s_k(t) = \\sinh 2s_k(0)e^{-F_{kk}t/B}`.
-    """
+    :math:`\\sum_k 2F_{kk}|c_k|\\cosh 2s_k(t)` with :math:`\\sinh 2s_k(t) = \\sinh
+    2s_k(0)e^{-F_{kk}t/B}`."""
     if not isinstance(model, ManifoldModel):
         raise TypeError(f"model must be a ManifoldModel, got {type(model).__name__}")
     K = model.p_star.numel()

@@ -1,0 +1,390 @@
+"""Continued SGD at different noise levels on a BERT-style masked LM (Chapter 5).
+
+Used in Chapter 5 (``notebooks/05-implicit-bias.ipynb``) to go after the central effect
+of Liu et al. (2023) with the design they used: a bidirectional transformer whose
+normalised representation feeds a **linear** decoder
+(:class:`fmlab.models.bert.EnsembleBert`), pretrained with Adam until its masked-LM loss
+is at the optimum of a generated language (:class:`fmlab.data.hmm_language.HMMLanguage`,
+whose downstream label, the block of a hidden state, is not readable from single
+tokens), then continued from that point with plain SGD at several noise levels
+:math:`\\eta^2/B` for the same number of steps. Each continued model is compared with
+the others at (nearly) the same loss: its trace of the Hessian per parameter block
+(encoder, decoder) and its linear-probe transfer.
+
+Why the decoder cannot hide flatness here: with logits :math:`z = D\\phi + c` and
+:math:`\\phi` normalised, :math:`\\partial z_v/\\partial D_{v\\cdot} = \\phi` and
+:math:`\\partial z_v/\\partial c_v = 1`, so the Fisher trace of the decoder block is
+
+.. math::
+    \\operatorname{tr} F_{\\text{dec}} = \\mathbb{E}_{x,t}\\Big[
+        (\\lVert\\phi_t\\rVert^2 + 1)
+        \\sum_v p_\\theta(v\\mid x_{-t})\\big(1 - p_\\theta(v\\mid x_{-t})\\big)\\Big]
+    \\;\\approx\\; (d+1)\\,\\mathbb{E}_{x,t}
+        \\big[1 - \\lVert p_\\theta(\\cdot\\mid x_{-t})\\rVert^2\\big]
+
+(:func:`head_trace_closed_form`): a function of the predictions alone. Two saturated
+models predict the same :math:`p^\\star`, so their decoders have the same trace; any
+difference in flatness is in the encoder.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call
+
+from ._validate import check_float, check_int
+from .data.hmm_language import HMMLanguage, HMMLanguageConfig
+from .implicit_bias import probe_curve
+from .models.bert import HEAD_PARAMETERS, BertConfig, EnsembleBert, masked_lm_nll
+from .repro import make_generator, single_threaded
+from .theory.flatness import TraceEstimate, fisher_trace
+from .train import progress
+
+__all__ = [
+    "NoiseTransferConfig",
+    "bert_blocks",
+    "bert_kl_gap",
+    "bert_fisher_trace",
+    "head_trace_closed_form",
+    "train_bert",
+    "noise_transfer_experiment",
+]
+
+
+def bert_blocks(name: str) -> str:
+    """The block of an :class:`EnsembleBert` parameter: ``"head"`` or ``"encoder"``."""
+    return "head" if name.split(".")[-1] in HEAD_PARAMETERS else "encoder"
+
+
+def _check_model(model):
+    if not isinstance(model, EnsembleBert):
+        raise TypeError(f"model must be an EnsembleBert, got {type(model).__name__}")
+
+
+def bert_kl_gap(
+    model: EnsembleBert, tokens: torch.Tensor, true_conditionals: torch.Tensor
+) -> torch.Tensor:
+    """:math:`\\mathbb{E}_{x,t}\\mathrm{KL}(p^\\star\\,\\|\\,p_\\theta)` for each
+    member: ``(E,)``.
+
+    ``true_conditionals`` are ``language.masked_conditionals(tokens)``, ``(n, T, V)``.
+    """
+    _check_model(model)
+    tokens = model.check_tokens(tokens)
+    p = true_conditionals.double()
+    if p.shape != (*tokens.shape[1:], model.vocab_size):
+        raise ValueError(
+            "true_conditionals must have shape (n, T, V) matching tokens (n, T)"
+        )
+    with torch.no_grad():
+        logq = F.log_softmax(model.all_masked_logits(tokens).double(), dim=-1)
+    return (p * (p.clamp_min(1e-300).log() - logq)).sum(-1).mean((1, 2))
+
+
+class _Masked(nn.Module):
+    """``(tokens, position) -> logits`` as one module, for ``torch.func``."""
+
+    def __init__(self, model: EnsembleBert):
+        super().__init__()
+        self.m = model
+
+    def forward(self, tokens, positions):
+        return self.m.masked_logits(tokens, positions)
+
+
+def bert_fisher_trace(
+    model: EnsembleBert,
+    tokens: torch.Tensor,
+    positions: torch.Tensor,
+    *,
+    generator: torch.Generator,
+) -> TraceEstimate:
+    """Sampled-label estimate of :math:`\\operatorname{tr}\\nabla^2 L_{\\text{pre}}`,
+    per block.
+
+    One masked position per sentence (``positions``, ``(n,)``), one label drawn from the
+    model for it; :func:`fmlab.theory.flatness.fisher_trace` with the blocks
+    ``encoder`` and ``head`` (:func:`bert_blocks`), per member (``per_group``).
+    """
+    _check_model(model)
+    tokens = model.check_tokens(tokens)[0]
+    T = model.config.length
+    if positions.shape != tokens.shape[:1]:
+        raise ValueError("positions must have shape (n,) matching tokens (n, T)")
+    wrap = _Masked(model)
+    params = {k: v.detach() for k, v in wrap.named_parameters()}
+    inputs = torch.cat([tokens, positions[:, None]], dim=1)
+
+    def logits_fn(p, xp):
+        return functional_call(wrap, p, (xp[:, :T], xp[:, T]))
+
+    def log_prob(p, xp, y):  # one sentence and its position; labels y (E,)
+        lg = functional_call(wrap, p, (xp[None, :T], xp[None, T]))[:, 0]
+        return F.log_softmax(lg, dim=-1).gather(-1, y[:, None]).sum()
+
+    return fisher_trace(
+        log_prob,
+        logits_fn,
+        params,
+        inputs,
+        generator=generator,
+        groups=model.n_models,
+        blocks=bert_blocks,
+    )
+
+
+def head_trace_closed_form(
+    model: EnsembleBert, tokens: torch.Tensor, positions: torch.Tensor
+) -> torch.Tensor:
+    """The decoder's exact Fisher trace,
+    :math:`\\mathbb{E}[(\\lVert\\phi\\rVert^2+1)\\sum_v p_v(1-p_v)]`.
+
+    Over the given (sentence, masked position) pairs, per member: ``(E,)``. Exact (every
+    label summed), from the predictions and the representation norms alone.
+    """
+    _check_model(model)
+    tokens = model.check_tokens(tokens)
+    E, n, T = tokens.shape
+    with torch.no_grad():
+        masked = tokens.scatter(
+            2, positions.expand(E, n)[..., None], model.config.mask_id
+        )
+        phi = model.encode(masked)
+        idx = positions.expand(E, n)[..., None, None].expand(-1, -1, 1, phi.shape[-1])
+        at = torch.gather(phi, 2, idx)[:, :, 0]
+        p = torch.softmax(model.decode(at).double(), dim=-1)
+        at = at.double()
+    return ((at.pow(2).sum(-1) + 1) * (p * (1 - p)).sum(-1)).mean(1)
+
+
+def train_bert(
+    model: EnsembleBert,
+    language: HMMLanguage,
+    *,
+    steps: int,
+    batch: int,
+    lr: float,
+    optimizer: str,
+    generator: torch.Generator,
+    warmup: int = 0,
+    schedule: str = "cosine",
+    decay_fraction: float = 0.25,
+    every: int = 0,
+    callback=None,
+    desc: str = "training",
+) -> None:
+    """Train every member in place on fresh sentences, one masked position per sentence.
+
+    ``schedule="cosine"``: linear warmup over ``warmup`` steps, then cosine decay to 0
+    (pretraining). ``schedule="constant-then-decay"``: the learning rate ``lr`` for the
+    first ``1 - decay_fraction`` of the steps, then linearly down to 0 (continued SGD,
+    so that every run ends on the manifold of minimisers rather than in its stationary
+    oscillation around it). ``batch`` sentences per member and step."""
+    steps = check_int("steps", steps, minimum=0)
+    batch = check_int("batch", batch, minimum=1)
+    lr = check_float("lr", lr, minimum=0.0, strict_min=True)
+    decay_fraction = check_float(
+        "decay_fraction", decay_fraction, minimum=0.0, maximum=1.0
+    )
+    if optimizer not in ("adam", "sgd"):
+        raise ValueError(f"optimizer must be 'adam' or 'sgd', got {optimizer!r}")
+    if schedule not in ("cosine", "constant-then-decay"):
+        raise ValueError(
+            f"schedule must be 'cosine' or 'constant-then-decay', got {schedule!r}"
+        )
+    opt = (torch.optim.Adam if optimizer == "adam" else torch.optim.SGD)(
+        model.parameters(), lr=lr
+    )
+    flat = int(round(steps * (1 - decay_fraction)))
+
+    def factor(s):
+        if schedule == "cosine":
+            w = min(1.0, (s + 1) / warmup) if warmup else 1.0
+            return w * 0.5 * (1 + math.cos(math.pi * s / steps))
+        return 1.0 if s < flat else (steps - s) / max(1, steps - flat)
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+    E, T = model.n_models, model.config.length
+    for s in progress(range(steps), total=steps, desc=desc):
+        tok, _ = language.sample(batch * E, generator)
+        pos = torch.randint(0, T, (E, batch), generator=generator)
+        loss = masked_lm_nll(model, tok.reshape(E, batch, T), pos).sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sched.step()
+        if every and callback is not None and (s + 1) % every == 0:
+            callback(s + 1)
+
+
+@dataclass(frozen=True)
+class NoiseTransferConfig:
+    """Everything that determines :func:`noise_transfer_experiment` (Chapter 5)."""
+
+    language: HMMLanguageConfig = field(default_factory=HMMLanguageConfig)
+    n_models: int = 3  # seeds, trained together as an ensemble
+    seed: int = 0
+    d_model: int = 32
+    n_layers: int = 2
+    n_heads: int = 2
+    d_ff: int = 64
+    # 1. pretraining to saturation (Adam, warmup + cosine)
+    pretrain_steps: int = 2000
+    pretrain_batch: int = 256
+    pretrain_lr: float = 1e-2
+    warmup: int = 100
+    # 2. continued SGD from the saturated model, one run per learning rate, equal steps
+    continue_steps: int = 1000
+    continue_batch: int = 64
+    continue_lrs: tuple = (0.03, 0.1, 0.3)
+    decay_fraction: float = 0.25
+    # evaluation
+    position: int = 5  # the downstream task: block of the hidden state at this position
+    probe_sizes: tuple = (50, 200, 1000, 3000)
+    probe_ridge: float = 1e-2
+    n_probe_test: int = 3000
+    n_gap: int = 500
+    n_trace: int = 1500
+    version: int = 1
+
+    def __post_init__(self):
+        if not isinstance(self.language, HMMLanguageConfig):
+            raise TypeError("language must be an HMMLanguageConfig")
+        check_int("n_models", self.n_models, minimum=1)
+        check_int(
+            "position", self.position, minimum=0, maximum=self.language.length - 1
+        )
+        if not self.continue_lrs:
+            raise ValueError("continue_lrs must name at least one learning rate")
+        for lr in self.continue_lrs:
+            check_float("continue_lrs", lr, minimum=0.0, strict_min=True)
+
+    @property
+    def noise_levels(self) -> tuple[float, ...]:
+        """:math:`\\eta^2/B` of each continued run."""
+        return tuple(lr**2 / self.continue_batch for lr in self.continue_lrs)
+
+
+def noise_transfer_experiment(config: NoiseTransferConfig) -> dict:
+    """Run the continued-SGD experiment of Chapter 5; returns a dict of tensors.
+
+    Models, in order: the pretrained one, then one per entry of ``continue_lrs``. Keys:
+    ``entropy``; ``bayes_accuracy``; ``pretrain_steps``/``pretrain_gap`` (the gap along
+    pretraining, ``(k, E)``); for the models ``gap`` ``(M, E)``, ``trace`` (total),
+    ``trace_encoder``, ``trace_head`` and their ``*_se`` ``(M, E)``,
+    ``head_closed_form`` ``(M, E)`` and ``accuracy`` ``(M, E, sizes)``; ``noise`` (the
+    :math:`\\eta^2/B` of each continued run); ``n_params``; and
+    ``head_language_constant``, :math:`(d+1)\\,\\mathbb{E}[1-\\lVert p^\\star\\rVert^2]`
+    over the same (sentence, position) pairs: the decoder's trace of any saturated
+    model."""
+    if not isinstance(config, NoiseTransferConfig):
+        raise TypeError(
+            f"config must be a NoiseTransferConfig, got {type(config).__name__}"
+        )
+    with single_threaded():
+        return _noise_transfer_experiment(config)
+
+
+def _noise_transfer_experiment(config: NoiseTransferConfig) -> dict:
+    c = config
+    lang = HMMLanguage(c.language)
+    K, S, T = c.language.n_blocks, c.language.states_per_block, c.language.length
+    gap_tok, _ = lang.sample(c.n_gap, make_generator(11_001))
+    gap_cond = lang.masked_conditionals(gap_tok)
+    trace_tok, _ = lang.sample(c.n_trace, make_generator(11_002))
+    trace_pos = torch.randint(0, T, (c.n_trace,), generator=make_generator(11_005))
+    tr_tok, tr_h = lang.sample(max(c.probe_sizes), make_generator(11_003))
+    te_tok, te_h = lang.sample(c.n_probe_test, make_generator(11_004))
+    ytr, yte = tr_h[:, c.position] // S, te_h[:, c.position] // S
+
+    def evaluate(model, label_seed):
+        with torch.no_grad():
+            ftr = model.features(tr_tok).flatten(2).double()
+            fte = model.features(te_tok).flatten(2).double()
+        tr = bert_fisher_trace(
+            model, trace_tok, trace_pos, generator=make_generator(label_seed)
+        )
+        out = {
+            "gap": bert_kl_gap(model, gap_tok, gap_cond),
+            "trace": tr.per_group.double(),
+            "trace_se": tr.per_group_stderr.double(),
+            "head_closed_form": head_trace_closed_form(model, trace_tok, trace_pos),
+            "accuracy": torch.stack(
+                [
+                    probe_curve(
+                        ftr[e], ytr, fte[e], yte, K, c.probe_sizes, c.probe_ridge
+                    )
+                    for e in range(model.n_models)
+                ]
+            ),
+        }
+        for block, est in tr.per_block.items():
+            out[f"trace_{block}"] = est.per_group.double()
+            out[f"trace_{block}_se"] = est.per_group_stderr.double()
+        return out
+
+    out: dict = {}
+    ent, ent_se = lang.optimal_mlm_loss()
+    out["entropy"] = torch.tensor([ent, ent_se])
+    out["bayes_accuracy"] = torch.tensor(
+        float(lang.block_posterior(te_tok)[:, c.position].max(-1).values.mean())
+    )
+    bcfg = BertConfig(
+        c.language.vocab_size,
+        T,
+        d_model=c.d_model,
+        n_layers=c.n_layers,
+        n_heads=c.n_heads,
+        d_ff=c.d_ff,
+    )
+    model = EnsembleBert(bcfg, n_models=c.n_models, generator=make_generator(c.seed))
+    out["n_params"] = torch.tensor(model.n_params())
+    steps, gaps = [], []
+
+    def log_gap(step):
+        steps.append(step)
+        gaps.append(bert_kl_gap(model, gap_tok[:200], gap_cond[:200]))
+
+    train_bert(
+        model,
+        lang,
+        steps=c.pretrain_steps,
+        batch=c.pretrain_batch,
+        lr=c.pretrain_lr,
+        optimizer="adam",
+        warmup=c.warmup,
+        generator=make_generator(c.seed + 1),
+        every=max(1, c.pretrain_steps // 12),
+        callback=log_gap,
+        desc="pretraining (transformer)",
+    )
+    out["pretrain_steps"] = torch.tensor(steps)
+    out["pretrain_gap"] = torch.stack(gaps)
+    records = [evaluate(model, 21_000)]
+    for i, lr in enumerate(c.continue_lrs):
+        m = copy.deepcopy(model)
+        train_bert(
+            m,
+            lang,
+            steps=c.continue_steps,
+            batch=c.continue_batch,
+            lr=lr,
+            optimizer="sgd",
+            schedule="constant-then-decay",
+            decay_fraction=c.decay_fraction,
+            generator=make_generator(c.seed + 2),
+            desc=f"continued SGD, lr {lr}",
+        )
+        records.append(evaluate(m, 21_001 + i))
+    for key in records[0]:
+        out[key] = torch.stack([r[key] for r in records])
+    out["noise"] = torch.tensor(c.noise_levels, dtype=torch.float64)
+    p_star = lang.masked_conditionals(trace_tok)[torch.arange(c.n_trace), trace_pos]
+    out["head_language_constant"] = (c.d_model + 1) * (1 - p_star.pow(2).sum(-1)).mean()
+    return out

@@ -1,0 +1,168 @@
+"""Tests of fmlab.models.bert and fmlab.sgd_noise (Chapter 5).
+
+Oracles: the model's own definition evaluated member by member and position by position
+(a different code path from the batched one), brute-force sums over labels with plain
+autograd, and the exact conditionals of the HMM language.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fmlab.data.hmm_language import HMMLanguage, HMMLanguageConfig
+from fmlab.models.bert import BertConfig, EnsembleBert, masked_lm_nll
+from fmlab.sgd_noise import (
+    NoiseTransferConfig,
+    bert_blocks,
+    bert_fisher_trace,
+    bert_kl_gap,
+    head_trace_closed_form,
+    train_bert,
+)
+
+CFG = BertConfig(vocab_size=5, length=6, d_model=8, n_layers=2, n_heads=2, d_ff=12)
+
+
+def _model(E=2, seed=0):
+    return EnsembleBert(CFG, n_models=E, generator=torch.Generator().manual_seed(seed))
+
+
+def _tokens(n=7, seed=1):
+    return torch.randint(0, 5, (n, 6), generator=torch.Generator().manual_seed(seed))
+
+
+def test_the_masked_prediction_never_sees_the_masked_token():
+    m = _model()
+    x = _tokens()
+    pos = torch.full((len(x),), 3)
+    other = x.clone()
+    other[:, 3] = (x[:, 3] + 1) % 5  # change only the masked token
+    with torch.no_grad():
+        assert torch.equal(m.masked_logits(x, pos), m.masked_logits(other, pos))
+        # ... but another position's token does matter
+        moved = x.clone()
+        moved[:, 1] = (x[:, 1] + 1) % 5
+        assert not torch.allclose(m.masked_logits(x, pos), m.masked_logits(moved, pos))
+
+
+def test_members_are_independent_models():
+    m = _model(E=3)
+    x = _tokens()
+    with torch.no_grad():
+        full = m.all_masked_logits(x)
+        for e in range(3):
+            one = EnsembleBert(CFG, n_models=1)
+            for (_, p), q in zip(m.named_parameters(), one.parameters()):
+                q.copy_(p[e : e + 1])
+            assert torch.allclose(one.all_masked_logits(x)[0], full[e], atol=1e-6)
+
+
+def test_all_masked_logits_matches_one_position_at_a_time():
+    m = _model()
+    x = _tokens()
+    with torch.no_grad():
+        full = m.all_masked_logits(x)
+        for t in range(6):
+            one = m.masked_logits(x, torch.full((len(x),), t))
+            assert torch.allclose(full[:, :, t], one, atol=1e-6)
+
+
+def test_the_representation_is_normalised():
+    phi = _model().features(_tokens())
+    assert torch.allclose(phi.mean(-1), torch.zeros(()), atol=1e-5)
+    assert torch.allclose(phi.pow(2).sum(-1), torch.full((), 8.0), rtol=1e-3)
+
+
+def test_nll_is_cross_entropy_at_the_masked_position():
+    m = _model()
+    x = _tokens()
+    pos = torch.randint(0, 6, (len(x),), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        lg = m.masked_logits(x, pos)
+        ref = torch.stack(
+            [F.cross_entropy(lg[e], x[torch.arange(len(x)), pos]) for e in range(2)]
+        )
+        assert torch.allclose(masked_lm_nll(m, x, pos), ref)
+
+
+def test_head_trace_closed_form_is_the_exact_fisher_trace_of_the_decoder():
+    torch.set_default_dtype(torch.float64)
+    try:
+        m = _model(E=1, seed=4)
+        x = _tokens(5, seed=5)
+        pos = torch.tensor([0, 2, 5, 1, 3])
+        closed = head_trace_closed_form(m, x, pos)
+        brute = 0.0
+        for i in range(len(x)):
+            with torch.no_grad():
+                p = torch.softmax(m.masked_logits(x[i : i + 1], pos[i : i + 1]), -1)
+            for y in range(5):
+                lp = F.log_softmax(m.masked_logits(x[i : i + 1], pos[i : i + 1]), -1)
+                gw, gb = torch.autograd.grad(lp[0, 0, y], [m.dec_w, m.dec_b])
+                sq = float(gw.pow(2).sum() + gb.pow(2).sum())
+                brute += float(p[0, 0, y]) * sq / len(x)
+        assert float(closed[0]) == pytest.approx(brute, rel=1e-8)
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+def test_fisher_trace_blocks_add_up_and_the_head_matches_the_closed_form():
+    m = _model(E=2, seed=6)
+    x = _tokens(400, seed=7)
+    pos = torch.randint(0, 6, (400,), generator=torch.Generator().manual_seed(8))
+    est = bert_fisher_trace(m, x, pos, generator=torch.Generator().manual_seed(9))
+    assert set(est.per_block) == {"encoder", "head"}
+    total = est.per_block["encoder"].per_group + est.per_block["head"].per_group
+    assert torch.allclose(total, est.per_group, rtol=1e-5)
+    head = est.per_block["head"]
+    closed = head_trace_closed_form(m, x, pos).float()
+    assert ((head.per_group - closed).abs() < 4 * head.per_group_stderr).all()
+    assert bert_blocks("m.dec_w") == "head" and bert_blocks("l0_qkv_w") == "encoder"
+
+
+def test_kl_gap_is_zero_for_the_true_conditionals_and_positive_for_a_model():
+    lang = HMMLanguage(HMMLanguageConfig(length=6, seed=1))
+    x, _ = lang.sample(50, torch.Generator().manual_seed(0))
+    m = _model()
+    gap = bert_kl_gap(m, x, lang.masked_conditionals(x))
+    assert (gap > 0).all()
+    with pytest.raises(ValueError, match="true_conditionals"):
+        bert_kl_gap(m, x, lang.masked_conditionals(x)[:, :3])
+
+
+def test_training_lowers_the_loss_and_arguments_are_validated():
+    lang = HMMLanguage(HMMLanguageConfig(length=6, seed=1))
+    x, _ = lang.sample(200, torch.Generator().manual_seed(0))
+    cond = lang.masked_conditionals(x)
+    m = _model()
+    before = bert_kl_gap(m, x, cond)
+    train_bert(
+        m,
+        lang,
+        steps=60,
+        batch=32,
+        lr=1e-2,
+        optimizer="adam",
+        warmup=5,
+        generator=torch.Generator().manual_seed(1),
+    )
+    assert (bert_kl_gap(m, x, cond) < before).all()
+    with pytest.raises(ValueError, match="optimizer"):
+        train_bert(
+            m, lang, steps=1, batch=1, lr=1.0, optimizer="rmsprop",
+            generator=torch.Generator(),
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="schedule"):
+        train_bert(
+            m, lang, steps=1, batch=1, lr=1.0, optimizer="sgd", schedule="step",
+            generator=torch.Generator(),
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="tokens"):
+        m.features(torch.full((2, 6), 5))
+    with pytest.raises(ValueError, match="d_model"):
+        BertConfig(vocab_size=5, length=6, d_model=9, n_heads=2)
+    with pytest.raises(ValueError, match="continue_lrs"):
+        NoiseTransferConfig(continue_lrs=())
+    assert NoiseTransferConfig(continue_lrs=(0.1,), continue_batch=10).noise_levels[
+        0
+    ] == pytest.approx(1e-3)
