@@ -64,7 +64,7 @@ class TwoOut(nn.Module):
 
 @pytest.fixture(scope="module")
 def lang():
-    return SentimentLanguage(SentimentLanguageConfig(max_len=5))
+    return SentimentLanguage(SentimentLanguageConfig(max_units=4))
 
 
 @pytest.fixture(scope="module")
@@ -333,11 +333,11 @@ def test_lora_kernel_is_unbiased():
 # -- the language, the model, the classifiers
 # --------------------------------------------------
 def unit_log_likelihood(lang, tokens, s, domain):
-    """log p(sentence | s) from the generative description, unit by unit (the
-    oracle)."""
+    """log p(sentence | s) from the generative description, unit by unit (oracle)."""
     c = lang.config
     nu = lang.negation_rate(domain)
-    neutral = set(lang.neutral_ids[domain].tolist())
+    neutral = set(lang.neutral_ids.tolist())
+    pos, neg = lang.positive_ids.tolist(), lang.negative_ids.tolist()
     total, i = 0.0, 0
     toks = [t for t in tokens if t != lang.pad_id]
     while i < len(toks):
@@ -350,17 +350,16 @@ def unit_log_likelihood(lang, tokens, s, domain):
         else:
             word = lang.words[w]
             if domain == "task" and word in ("scary", "predictable"):
-                weight, eta, pol = (
-                    c.domain_rate,
-                    c.domain_ambiguity,
-                    (1 if word == "scary" else -1),
-                )
+                # the reversed pair of the review domain: "scary" is praise there
+                weight, eta = c.domain_rate, c.domain_ambiguity
+                pol = 1 if word == "scary" else -1
             else:
-                lexicon = 1 - (c.domain_rate if domain == "task" else 0.0)
-                pos = lang.positive_ids.tolist()
-                j = pos.index(w) if w in pos else lang.negative_ids.tolist().index(w)
+                j = pos.index(w) if w in pos else neg.index(w)
                 pol = 1 if w in pos else -1
-                weight = lexicon * float(lang.pair_weight[j])
+                if domain == "pretrain":
+                    weight = float(lang.pair_weight[j])
+                else:
+                    weight = (1 - c.domain_rate) * float(lang.task_pair_weight[j])
                 eta = float(lang.ambiguity[j])
             # the word says `pol`; the opinion means pol (not negated) or -pol (negated)
             meaning = -pol if negated else pol
@@ -370,25 +369,35 @@ def unit_log_likelihood(lang, tokens, s, domain):
 
 
 def test_language_posterior_is_exact(lang):
-    s, w, _ = lang.sample_sentences(40, make_generator(0), domain="task")
-    w_pre = lang.sample_sentences(40, make_generator(1))[1]
-    for domain, words in (("task", w), ("pretrain", w_pre)):
-        got = lang.log_odds(words, domain=domain, prior_positive=0.3)
-        for row, value in zip(words.tolist(), got.tolist()):
-            brute = (
-                math.log(0.3 / 0.7)
-                + unit_log_likelihood(lang, row, 1, domain)
-                - unit_log_likelihood(lang, row, -1, domain)
-            )
-            assert value == pytest.approx(brute, abs=1e-9)
+    shifted = SentimentLanguage(SentimentLanguageConfig(max_units=4, domain_rate=0.3))
+    for language in (lang, shifted):
+        w_task = language.sample_sentences(40, make_generator(0), domain="task")[1]
+        w_pre = language.sample_sentences(40, make_generator(1))[1]
+        for domain, words in (("task", w_task), ("pretrain", w_pre)):
+            got = language.log_odds(words, domain=domain, prior_positive=0.3)
+            for row, value in zip(words.tolist(), got.tolist()):
+                brute = (
+                    math.log(0.3 / 0.7)
+                    + unit_log_likelihood(language, row, 1, domain)
+                    - unit_log_likelihood(language, row, -1, domain)
+                )
+                assert value == pytest.approx(brute, abs=1e-9)
     # "not" flips the evidence of the word after it
     good, not_id = lang.index["good"], lang.not_id
     pair = lang.log_odds(torch.tensor([[good, 0], [not_id, good]]), domain="pretrain")
     assert pair[0] == pytest.approx(-pair[1].item()) and pair[0] > 0
-    # "scary" is neutral in pretraining, positive in the task domain
-    scary = torch.tensor([[lang.index["scary"]]])
-    assert lang.log_odds(scary, domain="pretrain").item() == 0.0
-    assert lang.log_odds(scary, domain="task").item() > 0
+    # "scary" is a complaint in pretraining text and praise in the shifted reviews
+    scary = torch.tensor([[shifted.index["scary"]]])
+    assert shifted.log_odds(scary, domain="pretrain").item() < 0
+    assert shifted.log_odds(scary, domain="task").item() > 0
+    assert (
+        shifted.sample_sentences(500, make_generator(2), domain="task")[1]
+        == shifted.index["scary"]
+    ).any()
+    assert not (
+        lang.sample_sentences(500, make_generator(2), domain="task")[1]
+        == lang.index["scary"]
+    ).any()  # domain_rate = 0: the pair is unused
 
 
 def test_language_sampler_is_calibrated(lang):
@@ -405,7 +414,11 @@ def test_language_sampler_is_calibrated(lang):
             assert empirical == pytest.approx(post[sel].mean().item(), abs=0.02)
 
 
-def test_word_frequencies_and_bag_of_words(lang):
+@pytest.mark.parametrize("domain_rate", [0.0, 0.3])
+def test_word_frequencies_and_bag_of_words(domain_rate):
+    lang = SentimentLanguage(
+        SentimentLanguageConfig(max_units=4, domain_rate=domain_rate)
+    )
     for domain in ("pretrain", "task"):
         s, w, lengths = lang.sample_sentences(
             40_000, make_generator(3), domain=domain, prior_positive=0.5
@@ -432,7 +445,7 @@ def test_language_documents(lang):
         t.endswith("it was terrible .") for t in text
     )
     s, w, lengths = lang.sample_sentences(30, g, domain="task")
-    assert (lengths <= lang.config.max_len).all() and (lengths >= 1).all()
+    assert (lengths <= lang.max_tokens).all() and (lengths >= 1).all()
     assert torch.equal(lengths, (w != lang.pad_id).sum(1))
     assert not ((w[:, :-1] == lang.not_id) & (w[:, 1:] == lang.not_id)).any()
     assert not (
@@ -632,10 +645,7 @@ def test_relative_attention_bias(lang):
     with torch.no_grad():
         attn.rel_bias.fill_(-30.0)
         attn.rel_bias[:, 8 - 1 - 1] = 30.0
-    seen = {}
-    attn.register_forward_hook(lambda m, i, o: seen.setdefault("in", i[0]))
-    rel(x)
-    h = seen["in"]
+    h = torch.randn(1, 8, 8, generator=make_generator(6))
     v = attn.qkv(h).split(8, dim=-1)[2]
     out = attn(h, torch.ones(1, 8, 8, dtype=torch.bool))
     assert torch.allclose(out[0, 1:], attn.proj(v[0, :-1]), atol=1e-4)

@@ -18,21 +18,24 @@ log-odds of the sentiment by
     \\log\\frac{1-\\eta_j}{\\eta_j} \\qquad (0 \\text{ for a neutral word}),
 
 with :math:`\\operatorname{pol}(w) = \\pm 1` the polarity of the opinion word :math:`w`.
-The sentence keeps the longest prefix of units that fits in :math:`L` tokens, :math:`L`
-uniform in ``[min_len, max_len]``; this rule depends on the negation flags only, which
-do not depend on :math:`s`, so the posterior is exact:
+A sentence has :math:`U` units, :math:`U` uniform in ``[min_units, max_units]`` and
+independent of everything else (so between :math:`U` and :math:`2U` tokens), and the
+posterior is exact:
 
 .. math::
     \\log\\frac{p(s=+1 \\mid \\text{sentence})}{p(s=-1 \\mid \\text{sentence})} =
     \\log\\frac{\\pi}{1-\\pi} + \\sum_{\\text{units}} \\lambda(\\text{unit}).
 
-**Word order matters.** In a domain with :math:`\\nu = 1/2`, every word is as frequent
-under :math:`s=+1` as under :math:`s=-1` (a positive opinion is *good* or *not bad* with
-equal probability), so any function of the word counts, a *bag of words*, is at chance;
-the sentiment is carried by which word follows *not*.
+**Word order matters.** In a domain with :math:`\\nu = 1/2`, every word has the same
+expected count under :math:`s=+1` as under :math:`s=-1` (a positive opinion is *good*
+or *not bad* with equal probability): the first-order statistics of a *bag of words*
+carry no information, and the sentiment is carried by which word follows *not*. (Word
+counts are not useless altogether: *not* co-occurring with one opinion word is a
+second-order cue that a classifier of counts can pick up from enough examples.)
 
 The downstream task comes from a *review domain* that negates more than pretraining text
-(``task_negation_rate``, 1/2 by default, so that a bag of words cannot solve it).
+(``task_negation_rate``, 1/2 by default, so that word counts carry no first-order
+information).
 Optionally (``domain_rate`` > 0, default 0) it also reverses one opinion pair: in
 pretraining text *predictable* is praise and *scary* a complaint; in the (horror)
 reviews of the task, with probability ``domain_rate`` an opinion uses the pair with the
@@ -118,8 +121,8 @@ DOMAIN = ("scary", "predictable")  # positive, negative in the downstream review
 class SentimentLanguageConfig:
     """Parameters of :class:`SentimentLanguage` (``seed`` fixes the word weights)."""
 
-    min_len: int = 4  # tokens of a sentence, negations included
-    max_len: int = 12
+    min_units: int = 3  # units of a sentence (a word, or "not" and a word)
+    max_units: int = 6
     opinion_rate: float = 0.6  # rho
     irony_min: float = 0.05  # eta_j is uniform in [irony_min, irony_max]
     irony_max: float = 0.25
@@ -133,8 +136,8 @@ class SentimentLanguageConfig:
     seed: int = 0
 
     def __post_init__(self):
-        check_int("min_len", self.min_len, minimum=1)
-        check_int("max_len", self.max_len, minimum=self.min_len)
+        check_int("min_units", self.min_units, minimum=1)
+        check_int("max_units", self.max_units, minimum=self.min_units)
         check_float("opinion_rate", self.opinion_rate, minimum=0.0, maximum=1.0)
         check_float(
             "irony_min", self.irony_min, minimum=0.0, maximum=0.5, strict_min=True
@@ -231,8 +234,13 @@ class SentimentLanguage:
 
     @property
     def seq_len(self) -> int:
-        """Longest document: ``[CLS]``, ``max_len`` tokens, ``it was <label> .``."""
-        return self.config.max_len + 5
+        """Longest document: ``[CLS]``, the longest sentence, ``it was <label> .``."""
+        return self.max_tokens + 5
+
+    @property
+    def max_tokens(self) -> int:
+        """Longest sentence in tokens: ``2 max_units`` (every unit negated)."""
+        return 2 * self.config.max_units
 
     def negation_rate(self, domain: str) -> float:
         """:math:`\\nu` of ``domain``."""
@@ -262,7 +270,7 @@ class SentimentLanguage:
         prior_positive: float | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``n`` sentences of ``domain``: sentiments ``(n,)`` in {+1, -1}, tokens ``(n,
-        max_len)`` (``[PAD]`` after the end) and lengths ``(n,)`` in tokens.
+        max_tokens)`` (``[PAD]`` after the end) and lengths ``(n,)`` in tokens.
 
         ``prior_positive`` defaults to the config's :math:`\\pi` for pretraining text
         and to 1/2 for the (balanced) task domain.
@@ -275,9 +283,9 @@ class SentimentLanguage:
             pi = c.prior_positive if domain == "pretrain" else 0.5
         else:
             pi = check_float("prior_positive", prior_positive, minimum=0.0, maximum=1.0)
-        U = c.max_len  # unit slots; at most max_len of them fit
+        U = c.max_units
         s = torch.where(torch.rand(n, generator=generator) < pi, 1, -1)
-        lengths = torch.randint(c.min_len, c.max_len + 1, (n,), generator=generator)
+        n_units = torch.randint(c.min_units, c.max_units + 1, (n,), generator=generator)
         negated = torch.rand(n, U, generator=generator) < self.negation_rate(domain)
         opinion = torch.rand(n, U, generator=generator) < c.opinion_rate
         neutral = self.neutral_ids
@@ -301,9 +309,8 @@ class SentimentLanguage:
             dom_word = torch.where(says > 0, self.domain_ids[0], self.domain_ids[1])
             op_word = torch.where(dom, dom_word, op_word)
         word = torch.where(opinion, op_word, word)
-        # the longest prefix of units whose tokens fit in `lengths`
-        cost = torch.cumsum(1 + negated.long(), dim=1)
-        keep = cost <= lengths[:, None]
+        # the first n_units units (a rule that does not depend on s or on the flags)
+        keep = torch.arange(U)[None, :] < n_units[:, None]
         # tokens: (not?) word for each kept unit, then compacted to the left
         pairs = torch.stack([torch.full_like(word, self.not_id), word], dim=2)
         valid = torch.stack([negated & keep, keep], dim=2).reshape(n, 2 * U)
@@ -312,7 +319,7 @@ class SentimentLanguage:
         tokens = torch.gather(pairs, 1, order)
         count = valid.sum(1)
         tokens[torch.arange(2 * U)[None, :] >= count[:, None]] = self.pad_id
-        return s, tokens[:, : c.max_len], count
+        return s, tokens, count
 
     def _assemble(self, words, lengths, tail: torch.Tensor | None) -> torch.Tensor:
         """``[CLS] words tail`` for each row, right-padded to :attr:`seq_len`."""
@@ -480,7 +487,7 @@ class SentimentLanguage:
     def __repr__(self) -> str:
         c = self.config
         return (
-            f"SentimentLanguage(V={self.vocab_size}, L in [{c.min_len}, {c.max_len}], "
+            f"SentimentLanguage(V={self.vocab_size}, U in [{c.min_units}, {c.max_units}], "
             f"rho={c.opinion_rate}, eta in [{c.irony_min}, {c.irony_max}], "
             f"nu={c.negation_rate} (task {c.task_negation_rate}), "
             f"pi={c.prior_positive}, p_statement={c.p_statement})"
