@@ -487,7 +487,8 @@ class SentimentLanguage:
     def __repr__(self) -> str:
         c = self.config
         return (
-            f"SentimentLanguage(V={self.vocab_size}, U in [{c.min_units}, {c.max_units}], "
+            f"SentimentLanguage(V={self.vocab_size}, "
+            f"U in [{c.min_units}, {c.max_units}], "
             f"rho={c.opinion_rate}, eta in [{c.irony_min}, {c.irony_max}], "
             f"nu={c.negation_rate} (task {c.task_negation_rate}), "
             f"pi={c.prior_positive}, p_statement={c.p_statement})"
