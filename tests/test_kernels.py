@@ -1,6 +1,7 @@
-"""Tests of Chapter 4's code: eNTKs, SignGD kernels, kernel regression, LoRA, the language,
-the tiny transformer. Oracles: a per-example autograd loop, finite differences, explicit
-formulas, a primal solver (scipy), brute-force Bayes posteriors."""
+"""Tests of Chapter 4's code: eNTKs, SignGD kernels, kernel regression, LoRA, the
+language, the tiny transformer. Oracles: a per-example autograd loop, finite
+differences, explicit formulas, a primal solver (scipy), brute-force Bayes
+posteriors."""
 
 import math
 
@@ -14,13 +15,22 @@ from fmlab.kernel_view import (
     CLSClassifier,
     FineTuneConfig,
     PromptClassifier,
+    few_shot_task,
     fine_tune,
+    fit_logistic_regression,
+    linear_probe_head,
     logistic_loss,
     output_derivative,
     signgd_step_check,
 )
-from fmlab.lora import apply_lora, lora_targets, weight_gradients
+from fmlab.lora import (
+    apply_lora,
+    lora_targets,
+    only_targets_trainable,
+    weight_gradients,
+)
 from fmlab.models.transformer import TinyTransformer, TransformerConfig
+from fmlab.repro import make_generator, seed_everything
 from fmlab.theory.kernels import (
     empirical_kernels,
     empirical_ntk,
@@ -31,6 +41,7 @@ from fmlab.theory.kernels import (
     kernel_distance,
     kernel_predict,
     kernels_from_jacobians,
+    linear_per_example_gradients,
     linearized_outputs,
     lora_projected_kernel,
     time_entk,
@@ -42,7 +53,7 @@ class TwoOut(nn.Module):
 
     def __init__(self, m=None, seed=0):
         super().__init__()
-        torch.manual_seed(seed)
+        seed_everything(seed)
         self.net = nn.Sequential(nn.Linear(3, 5), nn.Tanh(), nn.Linear(5, m or 1))
         self.m = m
 
@@ -53,7 +64,7 @@ class TwoOut(nn.Module):
 
 @pytest.fixture(scope="module")
 def lang():
-    return SentimentLanguage(SentimentLanguageConfig(max_len=5))
+    return SentimentLanguage(SentimentLanguageConfig(max_units=4))
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +89,8 @@ def per_example_grads(model, x):
     return torch.stack(rows)
 
 
-# -- Jacobians and kernels --------------------------------------------------------------
+# -- Jacobians and kernels
+# --------------------------------------------------------------
 def test_jacobian_matches_per_example_backward():
     model = TwoOut()
     x = torch.randn(7, 3)
@@ -110,8 +122,8 @@ def test_jacobian_matches_finite_differences():
 
 def test_entk_matches_autograd_loop_scalar_and_vector_outputs(lang, tiny):
     model = PromptClassifier(tiny, lang)
-    s, w, l = lang.sample_sentences(6, torch.Generator().manual_seed(0), domain="task")
-    x = lang.task_inputs(w, l)
+    s, w, lengths = lang.sample_sentences(6, make_generator(0), domain="task")
+    x = lang.task_inputs(w, lengths)
     k_func = empirical_ntk(model, x[:4], x[2:], chunk_size=3)
     k_loop = empirical_ntk_autograd_loop(model, x[:4], x[2:])
     assert k_func.shape == (4, 4)
@@ -186,9 +198,11 @@ def test_kernel_distance():
         kernel_distance(k0, torch.ones(2, 2))
 
 
-# -- kernel regression ------------------------------------------------------------------
+# -- kernel regression
+# ------------------------------------------------------------------
 def primal_logistic(phi, y, f0, reg, psi=None):
-    """min_delta mean log(1+exp(-y (f0 + phi delta))) + reg/2 |delta|^2 with delta in span(psi)."""
+    """min_delta mean log(1+exp(-y (f0 + phi delta))) + reg/2 |delta|^2 with delta in
+    span(psi)."""
     from scipy.optimize import minimize
 
     phi, y, f0 = phi.numpy(), y.numpy(), f0.numpy()
@@ -229,7 +243,7 @@ def primal_logistic(phi, y, f0, reg, psi=None):
 
 
 def test_kernel_logistic_regression_matches_primal_solution():
-    g = torch.Generator().manual_seed(0)
+    g = make_generator(0)
     n, p = 12, 30
     phi = torch.randn(n, p, generator=g, dtype=torch.float64)
     y = torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0).double()
@@ -272,11 +286,11 @@ def test_kernel_logistic_validates_arguments():
         jacobian(TwoOut(), torch.randn(2, 3), chunk_size=0)
 
 
-# -- LoRA -----------------------------------------------------------------------------------
+# -- LoRA ---------------------------------------------------------------------------
 def test_lora_kernel_is_random_projection_of_weight_gradients(lang, tiny):
     model = PromptClassifier(tiny, lang)
-    s, w, l = lang.sample_sentences(5, torch.Generator().manual_seed(1), domain="task")
-    x = lang.task_inputs(w, l)
+    s, w, lengths = lang.sample_sentences(5, make_generator(1), domain="task")
+    x = lang.task_inputs(w, lengths)
     lora = apply_lora(model, 3, seed=0)
     assert torch.allclose(lora(x), model(x))  # B = 0: same function
     trainable = [n for n, p in lora.named_parameters() if p.requires_grad]
@@ -301,7 +315,7 @@ def test_lora_kernel_is_random_projection_of_weight_gradients(lang, tiny):
 
 def test_lora_kernel_is_unbiased():
     """E[A^T A] = I: averaged over many projections the LoRA kernel is the full one."""
-    g = torch.Generator().manual_seed(0)
+    g = make_generator(0)
     grads = {"w": torch.randn(4, 3, 6, generator=g)}
     full = lora_projected_kernel(grads, grads, {"w": torch.eye(6)})
     mean = (
@@ -316,57 +330,135 @@ def test_lora_kernel_is_unbiased():
     assert (mean - full).norm() / full.norm() < 0.05
 
 
-# -- the language, the model, the classifiers --------------------------------------------------
-def test_language_probabilities_and_posterior(lang):
-    for probs in lang.word_probs.values():
-        assert torch.allclose(probs.sum(1), torch.ones(2, dtype=torch.float64))
-    words = torch.tensor(
-        [
-            [
-                lang.index["good"],
-                lang.index["scary"],
-                lang.index["the"],
-                lang.pad_id,
-                lang.pad_id,
-            ]
-        ]
+# -- the language, the model, the classifiers
+# --------------------------------------------------
+def unit_log_likelihood(lang, tokens, s, domain):
+    """log p(sentence | s) from the generative description, unit by unit (oracle)."""
+    c = lang.config
+    nu = lang.negation_rate(domain)
+    neutral = set(lang.neutral_ids.tolist())
+    pos, neg = lang.positive_ids.tolist(), lang.negative_ids.tolist()
+    total, i = 0.0, 0
+    toks = [t for t in tokens if t != lang.pad_id]
+    while i < len(toks):
+        negated = toks[i] == lang.not_id
+        w = toks[i + 1] if negated else toks[i]
+        i += 2 if negated else 1
+        p = nu if negated else 1 - nu
+        if w in neutral:
+            p *= (1 - c.opinion_rate) / len(neutral)
+        else:
+            word = lang.words[w]
+            if domain == "task" and word in ("scary", "predictable"):
+                # the reversed pair of the review domain: "scary" is praise there
+                weight, eta = c.domain_rate, c.domain_ambiguity
+                pol = 1 if word == "scary" else -1
+            else:
+                j = pos.index(w) if w in pos else neg.index(w)
+                pol = 1 if w in pos else -1
+                if domain == "pretrain":
+                    weight = float(lang.pair_weight[j])
+                else:
+                    weight = (1 - c.domain_rate) * float(lang.task_pair_weight[j])
+                eta = float(lang.ambiguity[j])
+            # the word says `pol`; the opinion means pol (not negated) or -pol (negated)
+            meaning = -pol if negated else pol
+            p *= c.opinion_rate * weight * ((1 - eta) if meaning == s else eta)
+        total += math.log(p)
+    return total
+
+
+def test_language_posterior_is_exact(lang):
+    shifted = SentimentLanguage(SentimentLanguageConfig(max_units=4, domain_rate=0.3))
+    for language in (lang, shifted):
+        w_task = language.sample_sentences(40, make_generator(0), domain="task")[1]
+        w_pre = language.sample_sentences(40, make_generator(1))[1]
+        for domain, words in (("task", w_task), ("pretrain", w_pre)):
+            got = language.log_odds(words, domain=domain, prior_positive=0.3)
+            for row, value in zip(words.tolist(), got.tolist()):
+                brute = (
+                    math.log(0.3 / 0.7)
+                    + unit_log_likelihood(language, row, 1, domain)
+                    - unit_log_likelihood(language, row, -1, domain)
+                )
+                assert value == pytest.approx(brute, abs=1e-9)
+    # "not" flips the evidence of the word after it
+    good, not_id = lang.index["good"], lang.not_id
+    pair = lang.log_odds(torch.tensor([[good, 0], [not_id, good]]), domain="pretrain")
+    assert pair[0] == pytest.approx(-pair[1].item()) and pair[0] > 0
+    # "scary" is a complaint in pretraining text and praise in the shifted reviews
+    scary = torch.tensor([[shifted.index["scary"]]])
+    assert shifted.log_odds(scary, domain="pretrain").item() < 0
+    assert shifted.log_odds(scary, domain="task").item() > 0
+    assert (
+        shifted.sample_sentences(500, make_generator(2), domain="task")[1]
+        == shifted.index["scary"]
+    ).any()
+    assert not (
+        lang.sample_sentences(500, make_generator(2), domain="task")[1]
+        == lang.index["scary"]
+    ).any()  # domain_rate = 0: the pair is unused
+
+
+def test_language_sampler_is_calibrated(lang):
+    """Sentences drawn from the sampler have the posterior that log_odds computes."""
+    for domain in ("pretrain", "task"):
+        s, w, _ = lang.sample_sentences(
+            60_000, make_generator(2), domain=domain, prior_positive=0.5
+        )
+        post = torch.sigmoid(lang.log_odds(w, domain=domain))
+        for lo, hi in ((0.05, 0.3), (0.3, 0.7), (0.7, 0.95)):
+            sel = (post > lo) & (post <= hi)
+            assert sel.sum() > 2000
+            empirical = (s[sel] > 0).double().mean().item()
+            assert empirical == pytest.approx(post[sel].mean().item(), abs=0.02)
+
+
+@pytest.mark.parametrize("domain_rate", [0.0, 0.3])
+def test_word_frequencies_and_bag_of_words(domain_rate):
+    lang = SentimentLanguage(
+        SentimentLanguageConfig(max_units=4, domain_rate=domain_rate)
     )
     for domain in ("pretrain", "task"):
-        p = lang.word_probs[domain]
-        like_pos = p[0, words[0, :3]].prod()
-        like_neg = p[1, words[0, :3]].prod()
-        brute = math.log(0.3 * like_pos / (0.7 * like_neg))
-        assert lang.log_odds(
-            words, domain=domain, prior_positive=0.3
-        ).item() == pytest.approx(brute)
-    # "scary" is neutral in pretraining, positive in the task domain
-    assert (
-        lang.word_probs["pretrain"][0, lang.index["scary"]]
-        == lang.word_probs["pretrain"][1, lang.index["scary"]]
-    )
-    assert (
-        lang.word_probs["task"][0, lang.index["scary"]]
-        > lang.word_probs["task"][1, lang.index["scary"]]
-    )
-    with pytest.raises(ValueError, match="domain"):
-        lang.sample_sentences(2, torch.Generator(), domain="web")
-    with pytest.raises(ValueError, match="irony_max"):
-        SentimentLanguageConfig(irony_min=0.3, irony_max=0.2)
+        s, w, lengths = lang.sample_sentences(
+            40_000, make_generator(3), domain=domain, prior_positive=0.5
+        )
+        counts = lang.bag_of_words(w)
+        assert torch.equal(counts.sum(1), (w != lang.pad_id).sum(1).float())
+        units = (w != lang.pad_id).sum(1) - (w == lang.not_id).sum(1)
+        freq = lang.word_frequencies(domain)
+        for row, sign in enumerate((1, -1)):
+            sel = s == sign
+            empirical = counts[sel].sum(0) / units[sel].sum()
+            assert torch.allclose(empirical.double(), freq[row], atol=4e-3)
+    # with a negation rate of 1/2, every word is as frequent under both sentiments
+    assert torch.allclose(*lang.word_frequencies("task"), atol=1e-15)
+    assert not torch.allclose(*lang.word_frequencies("pretrain"), atol=1e-3)
 
 
 def test_language_documents(lang):
-    g = torch.Generator().manual_seed(0)
+    g = make_generator(0)
     docs = lang.sample_pretraining(50, g)
     assert docs.shape == (50, lang.seq_len) and (docs[:, 0] == lang.cls_id).all()
     text = lang.decode(docs)
     assert any(t.endswith("it was great .") for t in text) and any(
         t.endswith("it was terrible .") for t in text
     )
-    s, w, l = lang.sample_sentences(3, g, domain="task")
-    prompted = lang.task_inputs(w, l)
+    s, w, lengths = lang.sample_sentences(30, g, domain="task")
+    assert (lengths <= lang.max_tokens).all() and (lengths >= 1).all()
+    assert torch.equal(lengths, (w != lang.pad_id).sum(1))
+    assert not ((w[:, :-1] == lang.not_id) & (w[:, 1:] == lang.not_id)).any()
+    assert not (
+        w[torch.arange(30), lengths - 1] == lang.not_id
+    ).any()  # never ends on "not"
+    prompted = lang.task_inputs(w, lengths)
     assert ((prompted == lang.mask_id).sum(1) == 1).all()
     assert all(t.endswith("it was [MASK] .") for t in lang.decode(prompted))
-    assert not (lang.task_inputs(w, l, prompt="none") == lang.mask_id).any()
+    assert not (lang.task_inputs(w, lengths, prompt="none") == lang.mask_id).any()
+    with pytest.raises(ValueError, match="domain"):
+        lang.sample_sentences(2, g, domain="web")
+    with pytest.raises(ValueError, match="irony_max"):
+        SentimentLanguageConfig(irony_min=0.3, irony_max=0.2)
 
 
 def test_transformer_ignores_padding_and_respects_causality(lang):
@@ -399,8 +491,8 @@ def test_transformer_ignores_padding_and_respects_causality(lang):
 
 
 def test_prompt_and_cls_outputs(lang, tiny):
-    s, w, l = lang.sample_sentences(4, torch.Generator().manual_seed(2), domain="task")
-    x = lang.task_inputs(w, l)
+    s, w, lengths = lang.sample_sentences(4, make_generator(2), domain="task")
+    x = lang.task_inputs(w, lengths)
     logits = tiny(x)
     at_mask = logits[x == lang.mask_id]
     expected = at_mask[:, lang.great_id] - at_mask[:, lang.terrible_id]
@@ -410,7 +502,7 @@ def test_prompt_and_cls_outputs(lang, tiny):
     with pytest.raises(ValueError, match="label_words"):
         PromptClassifier(tiny, lang, label_words=("great", "nonsense"))
     cls = CLSClassifier(tiny, seed=0)
-    xp = lang.task_inputs(w, l, prompt="none")
+    xp = lang.task_inputs(w, lengths, prompt="none")
     assert torch.allclose(cls(xp), cls.head(tiny.hidden(xp)[:, 0]).squeeze(-1))
 
 
@@ -423,8 +515,8 @@ def test_output_derivative_is_the_loss_gradient():
 
 def test_signgd_fine_tuning_step_and_theorem_4_3(lang, tiny):
     model = PromptClassifier(tiny, lang)
-    s, w, l = lang.sample_sentences(6, torch.Generator().manual_seed(3), domain="task")
-    x, y = lang.task_inputs(w, l), s.float()
+    s, w, lengths = lang.sample_sentences(6, make_generator(3), domain="task")
+    x, y = lang.task_inputs(w, lengths), s.float()
     lr = 1e-3
     tuned = fine_tune(model, x, y, FineTuneConfig("signgd", lr, 1))
     loss = logistic_loss(model(x), y)
@@ -449,13 +541,111 @@ def test_fine_tune_validates(lang, tiny):
         fine_tune(tiny, torch.zeros(2, 3, dtype=torch.long), torch.ones(2), {"lr": 1})
 
 
+def test_linear_per_example_gradients_match_the_loop(lang, tiny):
+    model = only_targets_trainable(PromptClassifier(tiny, lang))
+    s, w, lengths = lang.sample_sentences(5, make_generator(4), domain="task")
+    x = lang.task_inputs(w, lengths)
+    grads = linear_per_example_gradients(model, x)
+    rows = torch.cat([g.reshape(5, -1) for g in grads.values()], dim=1)
+    assert torch.allclose(rows, jacobian(model, x), atol=1e-6)
+    params = [p for p in model.parameters() if p.requires_grad]
+    for i in range(5):
+        g = torch.autograd.grad(model(x[i : i + 1]).sum(), params)
+        flat = torch.cat([t.reshape(-1) for t in g])
+        assert torch.allclose(rows[i], flat, atol=1e-6)
+    # a trainable parameter outside an nn.Linear is refused, by name
+    with pytest.raises(ValueError, match="tok.weight"):
+        linear_per_example_gradients(PromptClassifier(tiny, lang), x)
+
+
+def test_only_targets_trainable(lang, tiny):
+    model = PromptClassifier(tiny, lang)
+    sub = only_targets_trainable(model)
+    names = [n for n, p in sub.named_parameters() if p.requires_grad]
+    targets = lora_targets(model)
+    assert names and all(n.rsplit(".", 1)[0] in targets for n in names)
+    assert len(names) == 2 * len(targets)  # weight and bias of each
+    assert all(p.requires_grad for p in model.parameters())  # the original untouched
+    with pytest.raises(ValueError, match="targets"):
+        only_targets_trainable(model, ["mlm.tok"])
+
+
 def test_time_entk_reports_same_matrix():
     out = time_entk(TwoOut(), torch.randn(6, 3), chunk_size=4, repeats=2)
-    assert out["max_rel_diff"] < 1e-5 and out["speedup"] > 0
-    assert out["speedup_ceiling"] == pytest.approx(
-        out["seconds_loop"] / out["seconds_gram"]
-    )
+    assert out["max_rel_diff"] < 1e-5 and out["speedup_vs_loop"] > 0
+    for way in ("torch_func", "loop", "batched"):
+        assert out[f"total_{way}"] == pytest.approx(
+            out[f"jacobian_{way}"] + out["gram"]
+        )
+    assert out["gram_share"] == pytest.approx(out["gram"] / out["total_torch_func"])
+    assert time_entk(TwoOut(), torch.randn(3, 3), repeats=1, clock="wall")["n"] == 3
     with pytest.raises(ValueError, match="repeats"):
         time_entk(TwoOut(), torch.randn(6, 3), repeats=0)
     with pytest.raises(ValueError, match="two examples"):
         time_entk(TwoOut(), torch.randn(1, 3))
+    with pytest.raises(ValueError, match="clock"):
+        time_entk(TwoOut(), torch.randn(3, 3), clock="sundial")
+
+
+# -- linear probe, bag of words, few-shot splits, relative attention bias
+# ----------------
+def test_fit_logistic_regression_matches_scipy():
+    from scipy.optimize import minimize
+
+    g = make_generator(5)
+    z = torch.randn(20, 4, generator=g, dtype=torch.float64)
+    y = torch.where(
+        z[:, 0] + torch.randn(20, generator=g, dtype=torch.float64) > 0, 1.0, -1.0
+    )
+    reg = 0.1
+    w, b = fit_logistic_regression(z, y, reg=reg)
+
+    def obj(t):
+        m = y.numpy() * (z.numpy() @ t[:4] + t[4])
+        return np.logaddexp(0, -m).mean() + 0.5 * reg * t[:4] @ t[:4]
+
+    ref = minimize(obj, np.zeros(5), method="BFGS", options={"gtol": 1e-10}).x
+    assert np.allclose(w.numpy(), ref[:4], atol=1e-5) and b == pytest.approx(
+        ref[4], abs=1e-5
+    )
+    with pytest.raises(ValueError, match="y must hold labels"):
+        fit_logistic_regression(z, torch.zeros(20), reg=1.0)
+    probe = linear_probe_head(z[:10], y[:10], z[10:], y[10:], (1e-2, 1.0))
+    assert probe["reg"] in (1e-2, 1.0) and 0 <= probe["val_acc"] <= 1
+
+
+def test_cls_head_and_few_shot_splits(lang, tiny):
+    train = few_shot_task(lang, 3, 0)
+    val = few_shot_task(lang, 3, 0, split="validation")
+    assert train.y.tolist() == [1.0, -1.0] * 3 and val.y.tolist() == train.y.tolist()
+    assert not torch.equal(train.words, val.words)
+    assert torch.equal(few_shot_task(lang, 3, 0).words, train.words)
+    with pytest.raises(ValueError, match="split"):
+        few_shot_task(lang, 3, 0, split="test")
+    w = torch.randn(tiny.config.d_model, dtype=torch.float64)
+    cls = CLSClassifier(tiny, head=(w, 0.5))
+    h = tiny.hidden(train.x_plain)[:, 0]
+    assert torch.allclose(cls(train.x_plain), h @ w.float() + 0.5, atol=1e-5)
+    with pytest.raises(ValueError, match="exactly one"):
+        CLSClassifier(tiny, seed=0, head=(w, 0.0))
+
+
+def test_relative_attention_bias(lang):
+    base = dict(
+        vocab_size=lang.vocab_size, max_len=8, d_model=8, n_heads=2, pad_id=lang.pad_id
+    )
+    plain = TinyTransformer(TransformerConfig(**base), seed=3)
+    rel = TinyTransformer(TransformerConfig(**base, relative_bias=True), seed=3)
+    x = torch.tensor([[2, 10, 11, 12, 13, 0, 0, 0]])
+    # started at zero, the bias changes nothing (and the other weights are the same)
+    assert torch.allclose(plain(x), rel(x), atol=1e-6)
+    assert sum(p.numel() for p in rel.parameters()) == plain.n_params() + 2 * 2 * 15
+    # a large bias at offset -1 makes every head of layer 1 attend to the previous word
+    attn = rel.blocks[0].attn
+    with torch.no_grad():
+        attn.rel_bias.fill_(-30.0)
+        attn.rel_bias[:, 8 - 1 - 1] = 30.0
+    h = torch.randn(1, 8, 8, generator=make_generator(6))
+    v = attn.qkv(h).split(8, dim=-1)[2]
+    out = attn(h, torch.ones(1, 8, 8, dtype=torch.bool))
+    assert torch.allclose(out[0, 1:], attn.proj(v[0, :-1]), atol=1e-4)

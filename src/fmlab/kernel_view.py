@@ -1,21 +1,26 @@
-"""Chapter 4 end to end: pretrain a masked LM, fine-tune it few-shot, compare with kernels.
+"""Chapter 4 end to end: pretrain a masked LM, fine-tune it few-shot, compare with
+kernels.
 
 Pretraining minimises the masked-language-modelling loss on documents of
 :class:`~fmlab.data.sentiment_language.SentimentLanguage` with a
 :class:`~fmlab.models.transformer.TinyTransformer`. A downstream sentiment task is then
 solved in two *settings* (Section 3.1 of Malladi et al., 2023):
 
-- **prompt-based**: the input is ``[CLS] <sentence> it was [MASK] .`` and the model output
-  is the difference of the label-word logits at ``[MASK]``,
-  :math:`f(x) = \\text{logit}_{great} - \\text{logit}_{terrible}` (:class:`PromptClassifier`);
-- **standard**: the input is ``[CLS] <sentence>`` and a new, randomly initialised linear
-  head reads the ``[CLS]`` position, :math:`f(x) = \\Gamma^\\top h_{[CLS]}(x)` (:class:`CLSClassifier`).
+- **prompt-based**: the input is ``[CLS] <sentence> it was [MASK] .`` and the model
+  output is the difference of the label-word logits at ``[MASK]``, :math:`f(x) =
+  \\text{logit}_{great} - \\text{logit}_{terrible}` (:class:`PromptClassifier`);
+- **standard**: the input is ``[CLS] <sentence>`` and a new linear head reads the
+  ``[CLS]`` position, :math:`f(x) = \\Gamma^\\top h_{[CLS]}(x) + c`
+  (:class:`CLSClassifier`). As in the paper, the head starts at the *linear-probing*
+  solution (:func:`linear_probe_head`), not at random.
 
-With labels :math:`y \\in \\{\\pm 1\\}` and the logistic loss :math:`\\log(1 + e^{-y f})`, binary
-cross-entropy over the two label words depends on :math:`f` only, so one scalar output
-(and one kernel) describes each setting. Fine-tuning is full-batch SGD, Adam or SignGD
-(:func:`fine_tune`); the kernel analogs are fitted by kernel logistic regression
-(:func:`fmlab.theory.kernels.fit_kernel_logistic`).
+With labels :math:`y \\in \\{\\pm 1\\}` and the logistic loss :math:`\\log(1 + e^{-y
+f})`, binary cross-entropy over the two label words depends on :math:`f` only, so one
+scalar output (and one kernel) describes each setting. Fine-tuning is full-batch SGD,
+Adam or SignGD (:func:`fine_tune`); the kernel analogs are fitted by kernel logistic
+regression (:func:`fmlab.theory.kernels.fit_kernel_logistic`). Every learning rate and
+every ridge is chosen on a validation set of the same size as the training set (``k``
+examples per class), never on the test set (:func:`run_kernel_experiment`).
 
 Used in Chapter 4 (``notebooks/04-kernel-view.ipynb``).
 """
@@ -51,6 +56,8 @@ __all__ = [
     "logistic_loss",
     "output_derivative",
     "mask_tokens",
+    "fit_logistic_regression",
+    "linear_probe_head",
     "KernelExperimentConfig",
     "KernelExperiment",
     "run_kernel_experiment",
@@ -59,30 +66,38 @@ __all__ = [
     "signgd_step_check",
     "LoRAKernelErrors",
     "lora_kernel_errors",
-    "learning_rate_sweep",
     "output_derivative_by_width",
     "entk_accuracy",
 ]
 
 
-# -- pretraining -------------------------------------------------------------------------
+# -- pretraining
+# -------------------------------------------------------------------------
 @dataclass(frozen=True)
 class PretrainConfig:
     """Everything that determines a pretrained masked language model."""
 
     language: SentimentLanguageConfig = field(default_factory=SentimentLanguageConfig)
-    d_model: int = 64
+    d_model: int = 32
     n_layers: int = 2
     n_heads: int = 4
-    steps: int = 600
+    steps: int = 2000
     batch_size: int = 64
     lr: float = 3e-3
     mask_rate: float = 0.15
-    statement_mask_rate: float = 0.5
+    statement_mask_rate: float = 0.9
+    relative_bias: bool = True
     seed: int = 0
 
     def __post_init__(self):
+        if not isinstance(self.language, SentimentLanguageConfig):
+            raise TypeError(
+                "language must be a SentimentLanguageConfig, got "
+                f"{type(self.language).__name__}"
+            )
         check_int("d_model", self.d_model, minimum=1)
+        check_int("n_layers", self.n_layers, minimum=1)
+        check_int("n_heads", self.n_heads, minimum=1)
         check_int("steps", self.steps, minimum=1)
         check_int("batch_size", self.batch_size, minimum=1)
         check_float("lr", self.lr, minimum=0.0, strict_min=True)
@@ -92,6 +107,8 @@ class PretrainConfig:
         check_float(
             "statement_mask_rate", self.statement_mask_rate, minimum=0.0, maximum=1.0
         )
+        if not isinstance(self.relative_bias, bool):
+            raise TypeError("relative_bias must be a bool")
         check_int("seed", self.seed, minimum=0)
 
 
@@ -101,9 +118,10 @@ def mask_tokens(
     config: PretrainConfig,
     generator: torch.Generator,
 ):
-    """BERT-style masking: every word (not ``[CLS]``/``[PAD]``) is replaced by ``[MASK]`` with
-    probability ``mask_rate``, the adjective of a statement with ``statement_mask_rate``
-    (a shortcut that keeps pretraining short). Returns the masked input and the mask."""
+    """BERT-style masking: every word (not ``[CLS]``/``[PAD]``) is replaced by
+    ``[MASK]`` with probability ``mask_rate``, the adjective of a statement with
+    ``statement_mask_rate`` (a shortcut that keeps pretraining short). Returns the
+    masked input and the mask."""
     u = torch.rand(x.shape, generator=generator)
     candidate = (x != lang.pad_id) & (x != lang.cls_id)
     adjective = (x == lang.great_id) | (x == lang.terrible_id)
@@ -122,6 +140,7 @@ def _model_config(lang: SentimentLanguage, config: PretrainConfig) -> Transforme
         n_layers=config.n_layers,
         n_heads=config.n_heads,
         pad_id=lang.pad_id,
+        relative_bias=config.relative_bias,
     )
 
 
@@ -163,19 +182,23 @@ def pretrain_masked_lm(
             "losses": losses,
         }
 
-    entry = cached(config, build, name="ch4_mlm")
+    # the version changes whenever the language or the training loop changes without a
+    # change of the config (the cache does not know the code)
+    entry = cached({"pretrain": config, "version": 3}, build, name="ch4_mlm")
     model = TinyTransformer(_model_config(lang, config), seed=config.seed)
     model.load_state_dict(entry["state"])
     model.eval()
     return model, entry["losses"]
 
 
-# -- the two fine-tuning settings ----------------------------------------------------------
+# -- the two fine-tuning settings
+# ----------------------------------------------------------
 class PromptClassifier(nn.Module):
-    """Prompt-based output: :math:`f(x) = \\text{logit}_{great} - \\text{logit}_{terrible}` at ``[MASK]``.
+    """Prompt-based output: :math:`f(x) = \\text{logit}_{great} -
+    \\text{logit}_{terrible}` at ``[MASK]``.
 
-    ``label_words`` names the words for :math:`y=+1` and :math:`y=-1` (other choices make
-    a less natural prompt)."""
+    ``label_words`` names the words for :math:`y=+1` and :math:`y=-1` (other choices
+    make a less natural prompt)."""
 
     def __init__(
         self,
@@ -205,31 +228,49 @@ class PromptClassifier(nn.Module):
 
 
 class CLSClassifier(nn.Module):
-    """Standard output: a new linear head on the ``[CLS]`` position, :math:`f(x) = \\Gamma^\\top h_0(x) + c`.
+    """Standard output: a new linear head on the ``[CLS]`` position, :math:`f(x) =
+    \\Gamma^\\top h_0(x) + c`.
 
-    The head is drawn :math:`\\Gamma \\sim \\mathcal N(0, I/d)` from ``seed``, :math:`c = 0`.
+    ``head=(Gamma, c)`` sets the head (the linear-probing solution, as in the paper);
+    otherwise it is drawn :math:`\\Gamma \\sim \\mathcal N(0, I/d)` from ``seed``, with
+    :math:`c = 0`.
     """
 
-    def __init__(self, mlm: TinyTransformer, *, seed: int):
+    def __init__(
+        self,
+        mlm: TinyTransformer,
+        *,
+        seed: int | None = None,
+        head: tuple[torch.Tensor, float] | None = None,
+    ):
         super().__init__()
         if not isinstance(mlm, TinyTransformer):
             raise TypeError(f"mlm must be a TinyTransformer, got {type(mlm).__name__}")
+        if (seed is None) == (head is None):
+            raise ValueError("give exactly one of seed (a random head) and head")
         self.mlm = copy.deepcopy(mlm)
         d = mlm.config.d_model
         self.head = nn.Linear(d, 1)
-        g = make_generator(check_int("seed", seed, minimum=0))
         with torch.no_grad():
-            self.head.weight.copy_(torch.randn(1, d, generator=g) / d**0.5)
-            self.head.bias.zero_()
+            if head is None:
+                g = make_generator(check_int("seed", seed, minimum=0))
+                self.head.weight.copy_(torch.randn(1, d, generator=g) / d**0.5)
+                self.head.bias.zero_()
+            else:
+                weight = check_tensor("head[0]", head[0], shape=(d,), floating=True)
+                self.head.weight.copy_(weight[None].float())
+                self.head.bias.fill_(check_float("head[1]", float(head[1])))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.head(self.mlm.hidden(tokens)[:, 0]).squeeze(-1)
 
 
-# -- downstream data -----------------------------------------------------------------------
+# -- downstream data
+# -----------------------------------------------------------------------
 @dataclass(frozen=True)
 class FewShotTask:
-    """A downstream sample: labels and the same sentences with and without the prompt."""
+    """A downstream sample: labels and the same sentences with and without the
+    prompt."""
 
     y: torch.Tensor  # (n,) float in {-1, +1}
     x_prompt: torch.Tensor  # (n, T) [CLS] sentence it was [MASK] .
@@ -263,14 +304,22 @@ def _balanced(
     )
 
 
-def few_shot_task(lang: SentimentLanguage, k: int, seed: int) -> FewShotTask:
-    """A balanced ``k``-shot training set (``k`` examples per class) drawn with ``seed``."""
+def few_shot_task(
+    lang: SentimentLanguage, k: int, seed: int, *, split: str = "train"
+) -> FewShotTask:
+    """A balanced ``k``-shot set (``k`` examples per class) drawn with ``seed``.
+
+    ``split="validation"`` draws the run's separate validation set of the same size (the
+    protocol of Gao et al., 2021, followed by Malladi et al., 2023), from another
+    stream.
+    """
     if not isinstance(lang, SentimentLanguage):
         raise TypeError(f"lang must be a SentimentLanguage, got {type(lang).__name__}")
     k = check_int("k", k, minimum=1)
-    return _balanced(
-        lang, k, make_generator(10_000 + check_int("seed", seed, minimum=0))
-    )
+    seed = check_int("seed", seed, minimum=0)
+    check_choice("split", split, ("train", "validation"))
+    base = 10_000 if split == "train" else 20_000
+    return _balanced(lang, k, make_generator(base + seed))
 
 
 def test_set(lang: SentimentLanguage, n: int, seed: int = 123_456) -> FewShotTask:
@@ -283,11 +332,12 @@ def test_set(lang: SentimentLanguage, n: int, seed: int = 123_456) -> FewShotTas
     return _balanced(lang, n // 2, make_generator(check_int("seed", seed, minimum=0)))
 
 
-# -- fine-tuning -----------------------------------------------------------------------------
+# -- fine-tuning
+# -----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class FineTuneConfig:
-    """Fine-tuning with the logistic loss: ``steps`` steps on mini-batches of ``batch_size``
-    examples (``None``: the full training set)."""
+    """Fine-tuning with the logistic loss: ``steps`` steps on mini-batches of
+    ``batch_size`` examples (``None``: the full training set)."""
 
     optimizer: str = "sgd"  # "sgd", "adam" or "signgd"
     lr: float = 0.1
@@ -318,9 +368,9 @@ def fine_tune(
     """A fine-tuned copy of ``model``: ``config.steps`` steps on the logistic loss.
 
     Mini-batches are drawn without replacement within each pass over the data, from a
-    generator seeded with ``seed``. Only parameters with ``requires_grad=True`` move (all
-    of them, or the LoRA factors). SignGD updates
-    :math:`\\theta \\leftarrow \\theta - \\eta\\,\\operatorname{sign}(\\nabla L)`.
+    generator seeded with ``seed``. Only parameters with ``requires_grad=True`` move
+    (all of them, or the LoRA factors). SignGD updates :math:`\\theta \\leftarrow
+    \\theta - \\eta\\,\\operatorname{sign}(\\nabla L)`.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -373,72 +423,211 @@ def accuracy(f: torch.Tensor, y: torch.Tensor) -> float:
 
 
 def output_derivative(f: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """:math:`\\chi = \\partial \\ell / \\partial f = -y\\,\\sigma(-y f)` for the logistic loss
-    (Definition 3.1 of Malladi et al., 2023), per example."""
+    """:math:`\\chi = \\partial \\ell / \\partial f = -y\\,\\sigma(-y f)` for the
+    logistic loss (Definition 3.1 of Malladi et al., 2023), per example."""
     f = check_tensor("f", f, ndim=1, floating=True)
     y = check_tensor("y", y, shape=(f.shape[0],), floating=True)
     return -y * torch.sigmoid(-y * f)
 
 
-# -- the experiment of the chapter ------------------------------------------------------------
+# -- linear models: the probe of the standard setting and the bag-of-words baseline
+# -------
+def fit_logistic_regression(
+    features: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    reg: float,
+    max_iter: int = 100,
+    tol: float = 1e-10,
+) -> tuple[torch.Tensor, float]:
+    """L2-regularised logistic regression with an unpenalised intercept.
+
+    Minimises (Newton's method with backtracking, float64)
+
+    .. math:: \\frac1n\\sum_i \\log\\bigl(1+e^{-y_i(w^\\top z_i + b)}\\bigr)
+        + \\frac{\\lambda}{2}\\lVert w\\rVert^2
+
+    and returns ``(w, b)``. Used for linear probing on ``[CLS]`` features (the head that
+    standard fine-tuning starts from) and for the bag-of-words baseline.
+    """
+    z = check_tensor("features", features, ndim=2, floating=True).double()
+    n, d = z.shape
+    y = check_tensor("y", y, shape=(n,)).double()
+    if not bool(((y == 1) | (y == -1)).all()):
+        raise ValueError("y must hold labels in {-1, +1}")
+    reg = check_float("reg", reg, minimum=0.0, strict_min=True)
+    max_iter = check_int("max_iter", max_iter, minimum=1)
+    za = torch.cat([z, torch.ones(n, 1, dtype=torch.float64)], dim=1)
+    pen = torch.full((d + 1,), reg, dtype=torch.float64)
+    pen[-1] = 0.0
+    theta = torch.zeros(d + 1, dtype=torch.float64)
+
+    def objective(t):
+        return float(F.softplus(-y * (za @ t)).mean() + 0.5 * (pen * t * t).sum())
+
+    value = objective(theta)
+    for _ in range(max_iter):
+        p = torch.sigmoid(-y * (za @ theta))
+        grad = za.T @ (-y * p) / n + pen * theta
+        hess = za.T @ ((p * (1 - p))[:, None] * za) / n + torch.diag(pen)
+        hess = hess + 1e-10 * torch.eye(d + 1, dtype=torch.float64)
+        step = torch.linalg.solve(hess, grad)
+        t = 1.0
+        while t > 1e-8:
+            new = theta - t * step
+            new_value = objective(new)
+            if new_value <= value - 1e-4 * t * float(grad @ step):
+                break
+            t *= 0.5
+        else:
+            break
+        converged = value - new_value <= tol * max(1.0, abs(value))
+        theta, value = new, new_value
+        if converged:
+            break
+    return theta[:d], float(theta[d])
+
+
+def _select(candidates: list[dict]) -> dict:
+    """The candidate with the best validation accuracy; ties go to the lower validation
+    loss, then to the earlier candidate."""
+    return min(
+        enumerate(candidates),
+        key=lambda ic: (-ic[1]["val_acc"], ic[1]["val_loss"], ic[0]),
+    )[1]
+
+
+def _scored(f_val, y_val, **extra) -> dict:
+    """Validation accuracy and loss of a candidate (a diverged one scores worst)."""
+    if not bool(torch.isfinite(f_val).all()):
+        return {"val_acc": -1.0, "val_loss": math.inf, **extra}
+    return {
+        "val_acc": accuracy(f_val.float(), y_val),
+        "val_loss": float(logistic_loss(f_val.double(), y_val.double())),
+        **extra,
+    }
+
+
+def linear_probe_head(
+    z_train: torch.Tensor,
+    y_train: torch.Tensor,
+    z_val: torch.Tensor,
+    y_val: torch.Tensor,
+    regs: tuple[float, ...],
+) -> dict:
+    """Logistic regression on features ``z`` with the ridge chosen on validation data.
+
+    Returns ``{"w", "b", "reg", "val_acc", "val_loss"}`` of the chosen ridge (``regs``
+    are tried in order; ties as in the rest of the chapter: accuracy, then loss).
+    """
+    z_train = check_tensor("z_train", z_train, ndim=2, floating=True)
+    z_val = check_tensor("z_val", z_val, ndim=2, floating=True)
+    if not regs:
+        raise ValueError("regs must hold at least one ridge")
+    out = []
+    for reg in regs:
+        w, b = fit_logistic_regression(z_train, y_train, reg=reg)
+        out.append(_scored(z_val.double() @ w + b, y_val, w=w, b=b, reg=reg))
+    return _select(out)
+
+
+# -- the experiment of the chapter
+# ------------------------------------------------------------
 @dataclass(frozen=True)
 class KernelExperimentConfig:
     """Few-shot fine-tuning vs its kernel analogs, over shots and seeds.
 
-    Fine-tuning runs ``steps`` steps on mini-batches of ``batch_size``. The SGD learning rate of each setting is
-    set by its kernel, :math:`\\eta = c / \\bar K` with :math:`c` = ``sgd_lr_scale`` and
-    :math:`\\bar K` the mean of :math:`K(x_i, x_i)` on the training set (so that one step
-    moves the outputs by a comparable amount in every setting; LoRA uses its own kernel);
-    Adam uses ``adam_lr``. ``kernel_reg`` is :math:`\\lambda` of
-    :func:`~fmlab.theory.kernels.fit_kernel_logistic` relative to :math:`\\bar K` (the same
-    parameter-space ridge for every kernel of a setting).
+    Each run (a number of shots ``k`` and a seed) draws ``k`` training and ``k``
+    validation examples per class. Fine-tuning takes ``steps`` full-batch steps. The SGD
+    learning rate is :math:`\\eta = c / \\bar K`, with :math:`\\bar K` the mean of
+    :math:`K(x_i, x_i)` over the training set in that setting (LoRA uses its own kernel)
+    and :math:`c` chosen among ``sgd_lr_scales`` on the validation set; Adam's among
+    ``adam_lrs``; the kernel ridge :math:`\\lambda` (relative to :math:`\\bar K`) among
+    ``kernel_regs``; the ridge of the linear probe that the standard head starts from,
+    and of the bag-of-words baseline, among ``probe_regs``. Ties in validation accuracy
+    go to the lower validation loss. ``methods="sgd"`` runs only SGD fine-tuning and the
+    eNTK in both settings, the linear probe and the bag of words (no Adam, LoRA or
+    SignGD kernels), for the larger ``k`` where those are the comparisons that matter.
     """
 
-    shots: tuple[int, ...] = (16, 64)
-    seeds: tuple[int, ...] = (0, 1, 2)
+    shots: tuple[int, ...] = (4, 16)
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     n_test: int = 400
-    steps: int = 50
-    batch_size: int = 32
-    sgd_lr_scale: float = 4.0
-    adam_lr: float = 1e-3
+    steps: int = 30
+    sgd_lr_scales: tuple[float, ...] = (2.0, 8.0, 32.0)
+    adam_lrs: tuple[float, ...] = (1e-4, 3e-4, 1e-3)
     lora_rank: int = 8
-    kernel_reg: float = 1e-3
+    kernel_regs: tuple[float, ...] = (1e-3, 1e-2, 1e-1, 1.0)
+    probe_regs: tuple[float, ...] = (1e-3, 1e-2, 1e-1, 1.0)
+    methods: str = "all"
 
     def __post_init__(self):
-        if not self.shots or not self.seeds:
-            raise ValueError("shots and seeds must be non-empty")
+        for name in (
+            "shots",
+            "seeds",
+            "sgd_lr_scales",
+            "adam_lrs",
+            "kernel_regs",
+            "probe_regs",
+        ):
+            if not isinstance(getattr(self, name), tuple) or not getattr(self, name):
+                raise ValueError(f"{name} must be a non-empty tuple")
         for k in self.shots:
             check_int("shots", k, minimum=1)
         for s in self.seeds:
             check_int("seeds", s, minimum=0)
         check_int("n_test", self.n_test, minimum=2)
         check_int("steps", self.steps, minimum=1)
-        check_int("batch_size", self.batch_size, minimum=1)
-        check_float("sgd_lr_scale", self.sgd_lr_scale, minimum=0.0, strict_min=True)
-        check_float("adam_lr", self.adam_lr, minimum=0.0, strict_min=True)
+        for name in ("sgd_lr_scales", "adam_lrs", "kernel_regs", "probe_regs"):
+            for v in getattr(self, name):
+                check_float(name, v, minimum=0.0, strict_min=True)
         check_int("lora_rank", self.lora_rank, minimum=1)
-        check_float("kernel_reg", self.kernel_reg, minimum=0.0, strict_min=True)
+        check_choice("methods", self.methods, ("all", "sgd"))
+
+
+#: The methods of :func:`run_kernel_experiment`, by setting.
+METHODS = {
+    "prompt": (
+        "zero-shot",
+        "SGD-FT",
+        "K-SGD",
+        "Adam-FT",
+        "K-A-SignGD",
+        "K-SignGD",
+        "LoRA-SGD-FT",
+    ),
+    "standard": ("LP", "SGD-FT", "K-SGD"),
+    "bag of words": ("LR",),
+}
 
 
 @dataclass
 class KernelExperiment:
     """Results of :func:`run_kernel_experiment`.
 
-    ``accuracy[(setting, method, k)]`` is a list over seeds; settings are ``"prompt"`` and
-    ``"standard"``; methods ``"zero-shot"``, ``"SGD-FT"``, ``"Adam-FT"``, ``"LoRA-SGD-FT"``,
-    ``"K-SGD"``, ``"K-A-SignGD"``, ``"K-SignGD"``. ``dynamics[(setting, optimizer, k)]`` is a
-    list over seeds of dicts with ``acc0``, ``acc_ft``, ``acc_lin``, ``gain_recovered``
-    (:math:`(acc_{lin} - acc_0)/(acc_{FT} - acc_0)`), ``lin_error``
-    (:math:`\\|f_{FT} - f_{lin}\\| / \\|f_{FT} - f_0\\|` on the test set) and ``kernel_change``
-    (:func:`~fmlab.theory.kernels.kernel_distance` of the training-set eNTK).
+    ``accuracy[(setting, method, k)]`` is a list over seeds of test accuracies (settings
+    and methods as in :data:`METHODS`); ``chosen[(setting, method, k)]`` the
+    hyperparameter picked on validation data, per seed. ``dynamics[(setting, optimizer,
+    k)]`` (optimizers ``"SGD"``, ``"Adam"``) is a dict of lists over seeds with
+    ``acc0``, ``acc_ft``, ``acc_lin``, ``gain_recovered``, ``lin_error`` and
+    ``kernel_change`` (see :func:`kernel_behaviour`) of the chosen run;
+    ``by_lr[(setting, k)]`` holds ``lin_error`` and ``kernel_change`` for every SGD
+    learning-rate scale (a list over seeds of lists over ``sgd_lr_scales``).
+    ``example[setting]`` holds the test outputs ``f0``, ``f_lin`` and ``f_ft`` (one per
+    learning-rate scale) of the first seed at the largest ``k``, for the figures.
     """
 
     config: KernelExperimentConfig
     accuracy: dict = field(default_factory=dict)
+    chosen: dict = field(default_factory=dict)
     dynamics: dict = field(default_factory=dict)
+    by_lr: dict = field(default_factory=dict)
+    example: dict = field(default_factory=dict)
 
 
-def _kernel_accuracies(j_tr, j_te, f0_tr, f0_te, y_tr, y_te, reg_rel, names):
+def _kernel_fits(j, f0, y, regs, names) -> dict:
+    """Kernel logistic regression for each kernel in ``names``, ridge chosen on the
+    validation split. ``j``, ``f0``, ``y``: dicts with keys train/val/test."""
     from .theory.kernels import (
         fit_kernel_logistic,
         kernel_predict,
@@ -446,30 +635,31 @@ def _kernel_accuracies(j_tr, j_te, f0_tr, f0_te, y_tr, y_te, reg_rel, names):
     )
 
     k_tr = kernels_from_jacobians(
-        j_tr, j_tr, kernels=("sgd", "asymmetric_signgd", "signgd")
+        j["train"], j["train"], kernels=("sgd", "asymmetric_signgd", "signgd")
     )
-    k_te = kernels_from_jacobians(j_te, j_tr, kernels=names)
-    reg = reg_rel * float(k_tr["sgd"].diagonal().mean())
+    k_ev = {
+        split: kernels_from_jacobians(j[split], j["train"], kernels=names)
+        for split in ("val", "test")
+    }
     out = {}
     for name in names:
         if name == "sgd":
-            alpha = fit_kernel_logistic(k_tr["sgd"], y_tr, reg=reg, f0=f0_tr)
+            k, pen, scale = k_tr["sgd"], None, k_tr["sgd"]
         elif name == "asymmetric_signgd":
-            alpha = fit_kernel_logistic(
-                k_tr["asymmetric_signgd"],
-                y_tr,
-                reg=reg,
-                f0=f0_tr,
-                penalty=k_tr["signgd"],
-            )
+            k, pen, scale = k_tr["asymmetric_signgd"], k_tr["signgd"], k_tr["sgd"]
         else:  # the symmetric SignGD kernel: its own features sign g, its own scale
+            k, pen, scale = k_tr["signgd"], None, k_tr["signgd"]
+        mean_diag = float(scale.diagonal().mean())
+        cands = []
+        for reg in regs:
             alpha = fit_kernel_logistic(
-                k_tr["signgd"],
-                y_tr,
-                reg=reg_rel * float(k_tr["signgd"].diagonal().mean()),
-                f0=f0_tr,
+                k, y["train"], reg=reg * mean_diag, f0=f0["train"], penalty=pen
             )
-        out[name] = accuracy(kernel_predict(k_te[name], alpha, f0_te).float(), y_te)
+            f_val = kernel_predict(k_ev["val"][name], alpha, f0["val"])
+            f_te = kernel_predict(k_ev["test"][name], alpha, f0["test"])
+            cands.append(_scored(f_val, y["val"], test=f_te, reg=reg))
+        best = _select(cands)
+        out[name] = (accuracy(best["test"].float(), y["test"]), best["reg"])
     return out
 
 
@@ -484,16 +674,18 @@ def kernel_behaviour(
     j_tr0: torch.Tensor | None = None,
     f0_te: torch.Tensor | None = None,
 ) -> dict:
-    """How close fine-tuning from ``model0`` to ``tuned`` was to kernel behaviour (Definition 3.2).
+    """How close fine-tuning from ``model0`` to ``tuned`` was to kernel behaviour
+    (Definition 3.2).
 
-    *Linearization*: the first-order Taylor model :math:`f_{lin} = f_0 + J_{test}(\\theta_{FT} - \\theta_0)`
-    on the test set against the fine-tuned outputs: ``lin_error`` =
-    :math:`\\|f_{FT} - f_{lin}\\| / \\|f_{FT} - f_0\\|`, the accuracies ``acc0``, ``acc_ft``,
-    ``acc_lin`` and ``gain_recovered`` = :math:`(acc_{lin} - acc_0)/(acc_{FT} - acc_0)`.
-    *Fixed Features*: ``kernel_change``, the relative Frobenius distance between the eNTKs
-    on the training set at :math:`\\theta_0` and :math:`\\theta_{FT}`. The test Jacobian
-    ``j_te``, the training Jacobian ``j_tr0`` and ``f0_te`` at :math:`\\theta_0` may be passed
-    in when already computed. Also returns the output vectors ``f0``, ``f_ft``, ``f_lin``.
+    *Linearization*: the first-order Taylor model :math:`f_{lin} = f_0 +
+    J_{test}(\\theta_{FT} - \\theta_0)` on the test set against the fine-tuned outputs:
+    ``lin_error`` = :math:`\\|f_{FT} - f_{lin}\\| / \\|f_{FT} - f_0\\|`, the accuracies
+    ``acc0``, ``acc_ft``, ``acc_lin`` and ``gain_recovered`` = :math:`(acc_{lin} -
+    acc_0)/(acc_{FT} - acc_0)`. *Fixed Features*: ``kernel_change``, the relative
+    Frobenius distance between the eNTKs on the training set at :math:`\\theta_0` and
+    :math:`\\theta_{FT}`. The test Jacobian ``j_te``, the training Jacobian ``j_tr0``
+    and ``f0_te`` at :math:`\\theta_0` may be passed in when already computed. Also
+    returns the output vectors ``f0``, ``f_ft``, ``f_lin``.
     """
     from .theory.kernels import (
         flat_params,
@@ -531,142 +723,264 @@ def kernel_behaviour(
     }
 
 
-def run_kernel_experiment(
-    mlm: TinyTransformer,
-    lang: SentimentLanguage,
-    config: KernelExperimentConfig = KernelExperimentConfig(),
-) -> KernelExperiment:
-    """Fine-tune the pretrained ``mlm`` few-shot and fit the kernel analogs, for every
-    ``k`` in ``config.shots`` and seed in ``config.seeds``; see :class:`KernelExperiment`."""
+_DYNAMICS = (
+    "acc0",
+    "acc_ft",
+    "acc_lin",
+    "gain_recovered",
+    "lin_error",
+    "kernel_change",
+)
+
+
+def _fine_tune_grid(model0, data, x_key, configs, seed, *, dynamics=None):
+    """Fine-tune ``model0`` with every config; return the candidates scored on the
+    validation set (with test outputs), and the kernel behaviour of each when
+    ``dynamics`` (a dict of Jacobians and outputs at theta_0) is given."""
+    cands = []
+    for value, ft_config in configs:
+        tuned = fine_tune(
+            model0, getattr(data["train"], x_key), data["train"].y, ft_config, seed=seed
+        )
+        f_val = outputs(tuned, getattr(data["val"], x_key))
+        cand = _scored(f_val, data["val"].y, value=value, model=tuned)
+        diverged = not all(bool(torch.isfinite(p).all()) for p in tuned.parameters())
+        if diverged:  # a learning rate too large for this run: chance, no dynamics
+            f_te = torch.zeros(data["test"].y.shape[0])
+            cand["test"] = f_te
+            if dynamics is not None:
+                nan = float("nan")
+                cand["stats"] = {
+                    **{m: nan for m in _DYNAMICS},
+                    "f0": dynamics["f0_te"],
+                    "f_ft": f_te,
+                    "f_lin": f_te,
+                }
+        elif dynamics is None:
+            cand["test"] = outputs(tuned, getattr(data["test"], x_key))
+        else:
+            stats = kernel_behaviour(
+                model0,
+                tuned,
+                getattr(data["train"], x_key),
+                getattr(data["test"], x_key),
+                data["test"].y,
+                **dynamics,
+            )
+            cand["test"] = stats["f_ft"]
+            cand["stats"] = stats
+        cands.append(cand)
+    return cands
+
+
+def _one_run(mlm, lang, k, seed, config, test, prompt_test, z_test, bow_test):
+    """Every method of the chapter on one k-shot training set; see
+    :class:`KernelExperiment`."""
     from .lora import apply_lora
     from .theory.kernels import jacobian
 
-    if not isinstance(mlm, TinyTransformer):
-        raise TypeError(f"mlm must be a TinyTransformer, got {type(mlm).__name__}")
-    if not isinstance(lang, SentimentLanguage):
-        raise TypeError(f"lang must be a SentimentLanguage, got {type(lang).__name__}")
+    data = {
+        "train": few_shot_task(lang, k, seed),
+        "val": few_shot_task(lang, k, seed, split="validation"),
+        "test": test,
+    }
+    y = {split: d.y for split, d in data.items()}
+    acc, chosen, dyn, by_lr, example = {}, {}, {}, {}, {}
+    seed_everything(seed)
+
+    def sgd_configs(j_train):
+        mean_diag = float(j_train.pow(2).sum(1).mean())
+        return [
+            (c, FineTuneConfig("sgd", c / mean_diag, config.steps))
+            for c in config.sgd_lr_scales
+        ]
+
+    def record_sgd(setting, cands):
+        best = _select(cands)
+        acc[(setting, "SGD-FT")] = accuracy(best["test"], test.y)
+        chosen[(setting, "SGD-FT")] = best["value"]
+        dyn[(setting, "SGD")] = {m: best["stats"][m] for m in _DYNAMICS}
+        by_lr[setting] = {
+            m: [c["stats"][m] for c in cands] for m in ("lin_error", "kernel_change")
+        }
+        example[setting] = {
+            "f0": cands[0]["stats"]["f0"],
+            "f_ft": torch.stack([c["stats"]["f_ft"] for c in cands]),
+            "f_lin": torch.stack([c["stats"]["f_lin"] for c in cands]),
+        }
+
+    # -- prompt-based
+    # -------------------------------------------------------------------
+    prompt0, j_te, f0_te = prompt_test
+    j = {"test": j_te}
+    f0 = {"test": f0_te}
+    for split in ("train", "val"):
+        j[split] = jacobian(prompt0, data[split].x_prompt)
+        f0[split] = outputs(prompt0, data[split].x_prompt)
+    acc[("prompt", "zero-shot")] = accuracy(f0_te, test.y)
+    everything = config.methods == "all"
+    names = ("sgd", "asymmetric_signgd", "signgd") if everything else ("sgd",)
+    fits = _kernel_fits(j, f0, y, config.kernel_regs, names)
+    for name, method in (
+        ("sgd", "K-SGD"),
+        ("asymmetric_signgd", "K-A-SignGD"),
+        ("signgd", "K-SignGD"),
+    ):
+        if name in fits:
+            acc[("prompt", method)], chosen[("prompt", method)] = fits[name]
+    dynamics = {"j_te": j_te, "j_tr0": j["train"], "f0_te": f0_te}
+    cands = _fine_tune_grid(
+        prompt0, data, "x_prompt", sgd_configs(j["train"]), seed, dynamics=dynamics
+    )
+    record_sgd("prompt", cands)
+    if everything:
+        adam = [
+            (lr, FineTuneConfig("adam", lr, config.steps)) for lr in config.adam_lrs
+        ]
+        cands = _fine_tune_grid(prompt0, data, "x_prompt", adam, seed)
+        best = _select(cands)
+        acc[("prompt", "Adam-FT")] = accuracy(best["test"], test.y)
+        chosen[("prompt", "Adam-FT")] = best["value"]
+        stats = kernel_behaviour(  # the kernel behaviour of the chosen Adam run
+            prompt0,
+            best["model"],
+            data["train"].x_prompt,
+            test.x_prompt,
+            test.y,
+            **dynamics,
+        )
+        dyn[("prompt", "Adam")] = {m: stats[m] for m in _DYNAMICS}
+        lora = apply_lora(prompt0, config.lora_rank, seed=seed)
+        cands = _fine_tune_grid(
+            lora,
+            data,
+            "x_prompt",
+            sgd_configs(jacobian(lora, data["train"].x_prompt)),
+            seed,
+        )
+        best = _select(cands)
+        acc[("prompt", "LoRA-SGD-FT")] = accuracy(best["test"], test.y)
+        chosen[("prompt", "LoRA-SGD-FT")] = best["value"]
+
+    # -- standard: linear probe on [CLS], then fine-tune from it ----------------------
+    z = {"test": z_test}
+    for split in ("train", "val"):
+        z[split] = outputs(mlm.hidden, data[split].x_plain)[:, 0]
+    probe = linear_probe_head(
+        z["train"], y["train"], z["val"], y["val"], config.probe_regs
+    )
+    acc[("standard", "LP")] = accuracy(
+        (z_test.double() @ probe["w"] + probe["b"]).float(), test.y
+    )
+    chosen[("standard", "LP")] = probe["reg"]
+    std0 = CLSClassifier(mlm, head=(probe["w"], probe["b"]))
+    j, f0 = {}, {}
+    for split in ("train", "val", "test"):
+        j[split] = jacobian(std0, data[split].x_plain)
+        f0[split] = outputs(std0, data[split].x_plain)
+    fits = _kernel_fits(j, f0, y, config.kernel_regs, ("sgd",))
+    acc[("standard", "K-SGD")], chosen[("standard", "K-SGD")] = fits["sgd"]
+    dynamics = {"j_te": j["test"], "j_tr0": j["train"], "f0_te": f0["test"]}
+    cands = _fine_tune_grid(
+        std0, data, "x_plain", sgd_configs(j["train"]), seed, dynamics=dynamics
+    )
+    record_sgd("standard", cands)
+    del j
+
+    # -- a bag of words
+    # -----------------------------------------------------------------
+    bow = {split: lang.bag_of_words(data[split].words) for split in ("train", "val")}
+    fit = linear_probe_head(
+        bow["train"], y["train"], bow["val"], y["val"], config.probe_regs
+    )
+    acc[("bag of words", "LR")] = accuracy(
+        (bow_test.double() @ fit["w"] + fit["b"]).float(), test.y
+    )
+    chosen[("bag of words", "LR")] = fit["reg"]
+    return acc, chosen, dyn, by_lr, example
+
+
+def _key(*parts) -> str:
+    return "|".join(str(p) for p in parts)
+
+
+def run_kernel_experiment(
+    pretrain: PretrainConfig = PretrainConfig(),
+    config: KernelExperimentConfig = KernelExperimentConfig(),
+) -> KernelExperiment:
+    """Fine-tune the masked LM pretrained with ``pretrain`` few-shot and fit the kernel
+    analogs, for every ``k`` in ``config.shots`` and seed in ``config.seeds``; see
+    :class:`KernelExperiment`. The results are computed once per (``pretrain``,
+    ``config``, seed offset) and then read from the on-disk cache."""
+    from .theory.kernels import jacobian
+
+    if not isinstance(pretrain, PretrainConfig):
+        raise TypeError(
+            f"pretrain must be a PretrainConfig, got {type(pretrain).__name__}"
+        )
     if not isinstance(config, KernelExperimentConfig):
         raise TypeError(
             f"config must be a KernelExperimentConfig, got {type(config).__name__}"
         )
-    result = KernelExperiment(config)
-    test = test_set(lang, config.n_test)
-    prompt0 = PromptClassifier(mlm, lang)
-    j_te_prompt = jacobian(prompt0, test.x_prompt)
-    f0_te_prompt = outputs(prompt0, test.x_prompt)
 
-    def record(setting, method, k, value):
-        result.accuracy.setdefault((setting, method, k), []).append(value)
-
-    def measure_dynamics(
-        setting, opt_name, k, model0, tuned, x_tr, x_te, j_te, j_tr0, f0_te
-    ):
-        stats = kernel_behaviour(
-            model0, tuned, x_tr, x_te, test.y, j_te=j_te, j_tr0=j_tr0, f0_te=f0_te
+    def build():
+        mlm, _ = pretrain_masked_lm(pretrain)
+        lang = SentimentLanguage(pretrain.language)
+        test = test_set(lang, config.n_test)
+        prompt0 = PromptClassifier(mlm, lang)
+        prompt_test = (
+            prompt0,
+            jacobian(prompt0, test.x_prompt),
+            outputs(prompt0, test.x_prompt),
         )
-        result.dynamics.setdefault((setting, opt_name, k), []).append(
-            {
-                key: value
-                for key, value in stats.items()
-                if key not in ("f0", "f_ft", "f_lin")
-            }
-        )
-        return stats["acc_ft"]
-
-    standard_test = {}
-    runs = [(k, seed) for seed in config.seeds for k in config.shots]
-    for k, seed in progress(runs, total=len(runs), desc="few-shot runs"):
-        train = few_shot_task(lang, k, seed)
-        seed_everything(seed)
-        # prompt-based
-        j_tr = jacobian(prompt0, train.x_prompt)
-        f0_tr = outputs(prompt0, train.x_prompt)
-        record("prompt", "zero-shot", k, accuracy(f0_te_prompt, test.y))
-        accs = _kernel_accuracies(
-            j_tr,
-            j_te_prompt,
-            f0_tr,
-            f0_te_prompt,
-            train.y,
-            test.y,
-            config.kernel_reg,
-            ("sgd", "asymmetric_signgd", "signgd"),
-        )
-        record("prompt", "K-SGD", k, accs["sgd"])
-        record("prompt", "K-A-SignGD", k, accs["asymmetric_signgd"])
-        record("prompt", "K-SignGD", k, accs["signgd"])
-        sgd = FineTuneConfig(
-            "sgd",
-            config.sgd_lr_scale / float(j_tr.pow(2).sum(1).mean()),
-            config.steps,
-            config.batch_size,
-        )
-        adam = FineTuneConfig("adam", config.adam_lr, config.steps, config.batch_size)
-        for opt_name, ft_config in (("SGD", sgd), ("Adam", adam)):
-            tuned = fine_tune(prompt0, train.x_prompt, train.y, ft_config, seed=seed)
-            acc = measure_dynamics(
-                "prompt",
-                opt_name,
-                k,
-                prompt0,
-                tuned,
-                train.x_prompt,
-                test.x_prompt,
-                j_te_prompt,
-                j_tr,
-                f0_te_prompt,
+        z_test = outputs(mlm.hidden, test.x_plain)[:, 0]
+        bow_test = lang.bag_of_words(test.words)
+        entry = {"accuracy": {}, "chosen": {}, "dynamics": {}, "by_lr": {}}
+        runs = [(k, seed) for k in config.shots for seed in config.seeds]
+        for k, seed in progress(runs, total=len(runs), desc="few-shot runs"):
+            acc, chosen, dyn, by_lr, example = _one_run(
+                mlm, lang, k, seed, config, test, prompt_test, z_test, bow_test
             )
-            record("prompt", f"{opt_name}-FT", k, acc)
-        lora = apply_lora(prompt0, config.lora_rank, seed=seed)
-        lora_scale = float(jacobian(lora, train.x_prompt).pow(2).sum(1).mean())
-        lora_sgd = FineTuneConfig(
-            "sgd", config.sgd_lr_scale / lora_scale, config.steps, config.batch_size
-        )
-        tuned = fine_tune(lora, train.x_prompt, train.y, lora_sgd, seed=seed)
-        record(
-            "prompt", "LoRA-SGD-FT", k, accuracy(outputs(tuned, test.x_prompt), test.y)
-        )
-        # standard: a new random head on [CLS]
-        std0 = CLSClassifier(mlm, seed=seed)
-        if (
-            seed not in standard_test
-        ):  # the head (hence the Jacobian) depends on the seed only
-            standard_test[seed] = (
-                jacobian(std0, test.x_plain),
-                outputs(std0, test.x_plain),
-            )
-        j_te, f0_te = standard_test[seed]
-        j_tr = jacobian(std0, train.x_plain)
-        f0_tr = outputs(std0, train.x_plain)
-        record("standard", "zero-shot", k, accuracy(f0_te, test.y))
-        accs = _kernel_accuracies(
-            j_tr, j_te, f0_tr, f0_te, train.y, test.y, config.kernel_reg, ("sgd",)
-        )
-        record("standard", "K-SGD", k, accs["sgd"])
-        sgd = FineTuneConfig(
-            "sgd",
-            config.sgd_lr_scale / float(j_tr.pow(2).sum(1).mean()),
-            config.steps,
-            config.batch_size,
-        )
-        tuned = fine_tune(std0, train.x_plain, train.y, sgd, seed=seed)
-        acc = measure_dynamics(
-            "standard",
-            "SGD",
-            k,
-            std0,
-            tuned,
-            train.x_plain,
-            test.x_plain,
-            j_te,
-            j_tr,
-            f0_te,
-        )
-        record("standard", "SGD-FT", k, acc)
-    return result
+            for (setting, method), v in acc.items():
+                entry["accuracy"].setdefault(_key(setting, method, k), []).append(v)
+            for (setting, method), v in chosen.items():
+                entry["chosen"].setdefault(_key(setting, method, k), []).append(
+                    float(v)
+                )
+            for (setting, opt), stats in dyn.items():
+                d = entry["dynamics"].setdefault(_key(setting, opt, k), {})
+                for m, v in stats.items():
+                    d.setdefault(m, []).append(float(v))
+            for setting, stats in by_lr.items():
+                d = entry["by_lr"].setdefault(_key(setting, k), {})
+                for m, v in stats.items():
+                    d.setdefault(m, []).append([float(u) for u in v])
+            if seed == config.seeds[0] and k == max(config.shots):
+                entry["example"] = example
+        return entry
+
+    entry = cached(
+        {"pretrain": pretrain, "experiment": config, "version": 3},
+        build,
+        name="ch4_fewshot",
+    )
+
+    def split(key):
+        parts = key.split("|")
+        return (*parts[:-1], int(parts[-1]))
+
+    return KernelExperiment(
+        config=config,
+        accuracy={split(k): v for k, v in entry["accuracy"].items()},
+        chosen={split(k): v for k, v in entry["chosen"].items()},
+        dynamics={split(k): v for k, v in entry["dynamics"].items()},
+        by_lr={split(k): v for k, v in entry["by_lr"].items()},
+        example=entry["example"],
+    )
 
 
-# -- Theorem 4.3: one SignGD step, as the asymmetric kernel predicts -------------------------------
+# -- Theorem 4.3: one SignGD step, as the asymmetric kernel predicts
+# -------------------------------
 @dataclass
 class SignGDStepCheck:
     """Output of :func:`signgd_step_check` (float64 throughout)."""
@@ -681,7 +995,8 @@ class SignGDStepCheck:
 
 
 def _shift_params(model: nn.Module, vector: torch.Tensor) -> None:
-    """Add ``vector`` (laid out as :func:`~fmlab.theory.kernels.flat_params`) to the trainable parameters."""
+    """Add ``vector`` (laid out as :func:`~fmlab.theory.kernels.flat_params`) to the
+    trainable parameters."""
     start = 0
     with torch.no_grad():
         for p in model.parameters():
@@ -697,12 +1012,13 @@ def signgd_step_check(
     x_eval: torch.Tensor,
     lrs: tuple[float, ...],
 ) -> SignGDStepCheck:
-    """Take one SignGD step on the single example ``(x_step, y_step)`` and compare the change
-    of :math:`f` on ``x_eval`` with Theorem 4.3,
-    :math:`f_{t+1}(x) - f_t(x) \\approx -\\eta\\,\\operatorname{sign}(\\chi_t)\\,K^{(A\\text{-}SignGD)}(x, x_t)`.
+    """Take one SignGD step on the single example ``(x_step, y_step)`` and compare the
+    change of :math:`f` on ``x_eval`` with Theorem 4.3, :math:`f_{t+1}(x) - f_t(x)
+    \\approx -\\eta\\,\\operatorname{sign}(\\chi_t)\\,K^{(A\\text{-}SignGD)}(x, x_t)`.
 
-    The step is :math:`\\theta \\leftarrow \\theta - \\eta\\,\\operatorname{sign}(\\chi_t\\, g(x_t))`; the
-    check runs in float64 on a copy of ``model``, once per learning rate in ``lrs``.
+    The step is :math:`\\theta \\leftarrow \\theta -
+    \\eta\\,\\operatorname{sign}(\\chi_t\\, g(x_t))`; the check runs in float64 on a
+    copy of ``model``, once per learning rate in ``lrs``.
     """
     from .theory.kernels import jacobian
 
@@ -736,7 +1052,8 @@ def signgd_step_check(
     return SignGDStepCheck(lrs, actual, predicted, errors, k_asym, k_sgd, chi)
 
 
-# -- LoRA: the kernel through a random projection ---------------------------------------------
+# -- LoRA: the kernel through a random projection
+# ---------------------------------------------
 @dataclass
 class LoRAKernelErrors:
     """Output of :func:`lora_kernel_errors`."""
@@ -753,7 +1070,8 @@ def lora_kernel_errors(
 
     :math:`K` is the SGD kernel of the weight matrices LoRA adapts (those of
     :func:`fmlab.lora.lora_targets`), :math:`K_{LoRA}` its random projection with
-    :math:`A \\sim \\mathcal N(0, 1/k)` (:func:`fmlab.theory.kernels.lora_projected_kernel`).
+    :math:`A \\sim \\mathcal N(0, 1/k)`
+    (:func:`fmlab.theory.kernels.lora_projected_kernel`).
     """
     from .lora import lora_targets, weight_gradients
     from .theory.kernels import lora_projected_kernel
@@ -783,128 +1101,83 @@ def lora_kernel_errors(
     return LoRAKernelErrors(k_full, errors, examples)
 
 
-# -- learning rate and kernel behaviour ----------------------------------------------------------
-def learning_rate_sweep(
-    mlm: TinyTransformer,
-    lang: SentimentLanguage,
-    *,
-    k: int,
-    seed: int,
-    lr_scales: tuple[float, ...],
-    steps: int = 50,
-    batch_size: int = 32,
-    n_test: int = 400,
-) -> dict:
-    """Kernel behaviour (:func:`kernel_behaviour`) of SGD fine-tuning for several learning rates
-    :math:`\\eta = c/\\bar K`, in both settings. Returns ``{setting: {c: stats}}``."""
-    from .theory.kernels import jacobian
-
-    k = check_int("k", k, minimum=1)
-    lr_scales = [
-        check_float("lr_scales", c, minimum=0.0, strict_min=True) for c in lr_scales
-    ]
-    train, test = few_shot_task(lang, k, seed), test_set(lang, n_test)
-    out = {}
-    for setting in ("prompt", "standard"):
-        if setting == "prompt":
-            model0, x_tr, x_te = (
-                PromptClassifier(mlm, lang),
-                train.x_prompt,
-                test.x_prompt,
-            )
-        else:
-            model0, x_tr, x_te = (
-                CLSClassifier(mlm, seed=seed),
-                train.x_plain,
-                test.x_plain,
-            )
-        j_tr0, j_te, f0_te = (
-            jacobian(model0, x_tr),
-            jacobian(model0, x_te),
-            outputs(model0, x_te),
-        )
-        mean_diag = float(j_tr0.pow(2).sum(1).mean())
-        out[setting] = {}
-        for c in lr_scales:
-            tuned = fine_tune(
-                model0,
-                x_tr,
-                train.y,
-                FineTuneConfig("sgd", c / mean_diag, steps, batch_size),
-                seed=seed,
-            )
-            out[setting][c] = kernel_behaviour(
-                model0, tuned, x_tr, x_te, test.y, j_te=j_te, j_tr0=j_tr0, f0_te=f0_te
-            )
-    return out
-
-
-# -- Definition 5.3: does the output derivative shrink with width? -----------------------------------
+# -- Definition 5.3: does the output derivative shrink with width?
+# ------------------------
 def output_derivative_by_width(
     base: PretrainConfig,
     widths: tuple[int, ...],
     seeds: tuple[int, ...],
     *,
+    steps: tuple[int, ...] | None = None,
     n_test: int = 400,
 ) -> dict:
-    """Mean :math:`|\\chi|` at the start of fine-tuning, on a test set of the downstream task,
-    for models pretrained with ``base`` at each width ``d_model`` and seed (the cheap test of
-    Section 5 of Malladi et al., 2023). Returns ``{(setting, width): [mean |chi| per seed]}``
-    with settings ``"prompt"`` and ``"standard"`` (random head), plus zero-shot accuracies
-    under ``("accuracy", width)``."""
+    """Mean :math:`|\\chi|` at the start of prompt-based fine-tuning, on a test set of
+    the downstream task, for models pretrained with ``base`` at each width ``d_model``
+    (for ``steps[i]`` steps at ``widths[i]``; default ``base.steps``) and seed: the
+    cheap test of Section 5 of Malladi et al. (2023). Returns ``{("chi", width): [...],
+    ("accuracy", width): [...]}``, lists over seeds of the mean :math:`|\\chi|` and the
+    zero-shot accuracy of the prompt."""
     import dataclasses
 
     if not isinstance(base, PretrainConfig):
         raise TypeError(f"base must be a PretrainConfig, got {type(base).__name__}")
+    widths = tuple(check_int("widths", w, minimum=1) for w in widths)
+    seeds = tuple(check_int("seeds", s, minimum=0) for s in seeds)
+    if not widths or not seeds:
+        raise ValueError("widths and seeds must be non-empty")
+    steps = (base.steps,) * len(widths) if steps is None else tuple(steps)
+    if len(steps) != len(widths):
+        raise ValueError(
+            f"steps must give one number per width ({len(widths)}), got {len(steps)}"
+        )
     lang = SentimentLanguage(base.language)
     test = test_set(lang, n_test)
     out = {}
-    for width in widths:
+    for width, n_steps in zip(widths, steps):
         for seed in seeds:
             config = dataclasses.replace(
                 base,
-                d_model=check_int("widths", width, minimum=1),
-                seed=check_int("seeds", seed, minimum=0),
+                d_model=width,
+                steps=check_int("steps", n_steps, minimum=1),
+                seed=seed,
             )
             mlm, _ = pretrain_masked_lm(config)
             f = outputs(PromptClassifier(mlm, lang), test.x_prompt)
-            out.setdefault(("prompt", width), []).append(
+            out.setdefault(("chi", width), []).append(
                 float(output_derivative(f, test.y).abs().mean())
             )
             out.setdefault(("accuracy", width), []).append(accuracy(f, test.y))
-            f = outputs(CLSClassifier(mlm, seed=seed), test.x_plain)
-            out.setdefault(("standard", width), []).append(
-                float(output_derivative(f, test.y).abs().mean())
-            )
     return out
 
 
 def entk_accuracy(
     model: nn.Module,
-    x_train: torch.Tensor,
-    y_train: torch.Tensor,
-    x_test: torch.Tensor,
-    y_test: torch.Tensor,
+    trains: list[FewShotTask],
+    test: FewShotTask,
     *,
     reg_rel: float = 1e-3,
-) -> float:
-    """Test accuracy of eNTK regression (:math:`K^{(SGD)}`, pretrained outputs added, ridge
-    :math:`\\lambda = ` ``reg_rel`` times the mean diagonal), as in :func:`run_kernel_experiment`."""
+) -> list[float]:
+    """Test accuracy of prompt-based eNTK regression (:math:`K^{(SGD)}`, pretrained
+    outputs added, ridge :math:`\\lambda = ` ``reg_rel`` times the mean diagonal, no
+    validation) for each training set in ``trains``; the test Jacobian is computed once.
+    The inputs are the prompted ones (``x_prompt``)."""
     from .theory.kernels import jacobian
 
-    x_train = check_tensor("x_train", x_train, ndim=2, integer=True)
-    x_test = check_tensor("x_test", x_test, ndim=2, integer=True)
-    y_train = check_tensor("y_train", y_train, shape=(x_train.shape[0],), floating=True)
-    y_test = check_tensor("y_test", y_test, shape=(x_test.shape[0],), floating=True)
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(test, FewShotTask) or not all(
+        isinstance(t, FewShotTask) for t in trains
+    ):
+        raise TypeError("trains and test must be FewShotTask objects")
+    if not trains:
+        raise ValueError("trains must hold at least one training set")
     reg_rel = check_float("reg_rel", reg_rel, minimum=0.0, strict_min=True)
-    j_tr, j_te = jacobian(model, x_train), jacobian(model, x_test)
-    return _kernel_accuracies(
-        j_tr,
-        j_te,
-        outputs(model, x_train),
-        outputs(model, x_test),
-        y_train,
-        y_test,
-        reg_rel,
-        ("sgd",),
-    )["sgd"]
+    j_te, f0_te = jacobian(model, test.x_prompt), outputs(model, test.x_prompt)
+    out = []
+    for train in trains:
+        j = {"train": jacobian(model, train.x_prompt), "test": j_te}
+        f0 = {"train": outputs(model, train.x_prompt), "test": f0_te}
+        j["val"], f0["val"] = j["train"][:1], f0["train"][:1]
+        y = {"train": train.y, "val": train.y[:1], "test": test.y}
+        out.append(_kernel_fits(j, f0, y, (reg_rel,), ("sgd",))["sgd"][0])
+    return out

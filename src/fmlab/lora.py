@@ -1,13 +1,14 @@
-"""LoRA: low-rank updates of a model's weight matrices (Hu et al., 2022), and its kernel.
+"""LoRA: low-rank updates of a model's weight matrices (Hu et al., 2022), and its
+kernel.
 
-A LoRA layer keeps the pretrained weight :math:`W_0 \\in \\mathbb{R}^{d_{out} \\times d_{in}}`
-frozen and learns :math:`W = W_0 + BA` with :math:`B \\in \\mathbb{R}^{d_{out} \\times k}`
-initialised to zero and :math:`A \\in \\mathbb{R}^{k \\times d_{in}}` with i.i.d.
-:math:`\\mathcal N(0, 1/k)` entries, so that :math:`\\mathbb{E}[A^\\top A] = I`. At the start
-of fine-tuning the gradient with respect to :math:`B` is :math:`\\nabla_W f\\, A^\\top`: the
-full gradient seen through a random projection, whose kernel is the full one up to a
-Johnson-Lindenstrauss error of order :math:`1/\\sqrt{k}` (Theorem 7.2 of Malladi et al.,
-2023; :func:`fmlab.theory.kernels.lora_projected_kernel`).
+A LoRA layer keeps the pretrained weight :math:`W_0 \\in \\mathbb{R}^{d_{out} \\times
+d_{in}}` frozen and learns :math:`W = W_0 + BA` with :math:`B \\in \\mathbb{R}^{d_{out}
+\\times k}` initialised to zero and :math:`A \\in \\mathbb{R}^{k \\times d_{in}}` with
+i.i.d. :math:`\\mathcal N(0, 1/k)` entries, so that :math:`\\mathbb{E}[A^\\top A] = I`.
+At the start of fine-tuning the gradient with respect to :math:`B` is :math:`\\nabla_W
+f\\, A^\\top`: the full gradient seen through a random projection, whose kernel is the
+full one up to a Johnson-Lindenstrauss error of order :math:`1/\\sqrt{k}` (Theorem 7.2
+of Malladi et al., 2023; :func:`fmlab.theory.kernels.lora_projected_kernel`).
 
 Used in Chapter 4 (``notebooks/04-kernel-view.ipynb``).
 """
@@ -24,11 +25,18 @@ from ._validate import check_int, check_tensor
 from .repro import make_generator
 from .theory.kernels import jacobian
 
-__all__ = ["LoRALinear", "apply_lora", "lora_targets", "weight_gradients"]
+__all__ = [
+    "LoRALinear",
+    "apply_lora",
+    "lora_targets",
+    "only_targets_trainable",
+    "weight_gradients",
+]
 
 
 class LoRALinear(nn.Module):
-    """``base(x) + x A^T B^T``: a frozen linear layer plus a trainable rank-``k`` update."""
+    """``base(x) + x A^T B^T``: a frozen linear layer plus a trainable rank-``k``
+    update."""
 
     def __init__(self, base: nn.Linear, rank: int, generator: torch.Generator):
         super().__init__()
@@ -57,8 +65,9 @@ class LoRALinear(nn.Module):
 def lora_targets(
     model: nn.Module, include: Callable[[str, nn.Linear], bool] | None = None
 ) -> list[str]:
-    """Names of the ``nn.Linear`` modules LoRA adapts (default: every one inside ``blocks``,
-    i.e. the attention and MLP weights of a transformer, not its embeddings or decoder)."""
+    """Names of the ``nn.Linear`` modules LoRA adapts (default: every one inside
+    ``blocks``, i.e. the attention and MLP weights of a transformer, not its embeddings
+    or decoder)."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     include = include or (
@@ -101,6 +110,31 @@ def apply_lora(
     return adapted
 
 
+def only_targets_trainable(
+    model: nn.Module, targets: list[str] | None = None
+) -> nn.Module:
+    """A copy of ``model`` in which only the weights and biases of the ``nn.Linear``
+    modules in ``targets`` (default :func:`lora_targets`: the weight matrices of the
+    transformer blocks) train; everything else is frozen. Its eNTK is the kernel of
+    those matrices, the kernel that every per-example-gradient method of Chapter 4's
+    timing section can compute (:func:`fmlab.theory.kernels.time_entk`)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    targets = lora_targets(model) if targets is None else list(targets)
+    if not targets:
+        raise ValueError("targets must name at least one nn.Linear module")
+    out = copy.deepcopy(model)
+    for p in out.parameters():
+        p.requires_grad_(False)
+    for name in targets:
+        mod = out.get_submodule(name)
+        if not isinstance(mod, nn.Linear):
+            raise ValueError(f"targets: {name!r} is not an nn.Linear of model")
+        for p in mod.parameters():
+            p.requires_grad_(True)
+    return out
+
+
 def weight_gradients(
     model: nn.Module,
     x: torch.Tensor,
@@ -108,7 +142,8 @@ def weight_gradients(
     *,
     chunk_size: int = 64,
 ) -> dict[str, torch.Tensor]:
-    """Per-example gradients :math:`\\nabla_W f(x)` of the weight matrices in ``targets``.
+    """Per-example gradients :math:`\\nabla_W f(x)` of the weight matrices in
+    ``targets``.
 
     Returns layer name -> Tensor ``(n, d_out, d_in)`` for a model with scalar outputs.
     """

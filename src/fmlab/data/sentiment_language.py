@@ -1,35 +1,53 @@
-"""A generated language in which a latent sentiment shapes the words (Chapter 4).
+"""A generated language in which sentiment and negation shape the words (Chapter 4).
 
-Each document has a latent sentiment :math:`s \\in \\{+1, -1\\}` (:math:`P(s=+1) = \\pi`). Its
-sentence has :math:`L` words (:math:`L` uniform in ``[min_len, max_len]``) drawn
-independently given :math:`s`: with probability :math:`\\rho` an *opinion word*, otherwise
-a *neutral word* (uniform). Opinion words come in mirrored pairs (*good*/*bad*,
-*superb*/*awful*, ...); pair :math:`j` has a weight :math:`u_j` and an ambiguity
-:math:`\\eta_j \\in [\\eta_{min}, \\eta_{max}]` (irony, hedging): given :math:`s = +1`, the
-positive word of pair :math:`j` has probability :math:`\\rho\\,u_j(1-\\eta_j)` and the negative
-word :math:`\\rho\\,u_j\\eta_j` (and the mirror image for :math:`s=-1`). A word then shifts the
-log-odds of the sentiment by :math:`\\pm\\log\\frac{1-\\eta_j}{\\eta_j}`. So
+Each document has a latent sentiment :math:`s \\in \\{+1, -1\\}`, with :math:`P(s=+1) =
+\\pi`. Its sentence is a sequence of *units*, drawn independently given :math:`s`. A
+unit is a word, preceded with probability :math:`\\nu` (the *negation rate*) by the word
+*not*. With probability :math:`1-\\rho` the word is neutral (uniform over the neutral
+words); with probability :math:`\\rho` it is an *opinion*: a mirrored pair :math:`j`
+(*good*/*bad*, *superb*/*awful*, ...) is drawn with weight :math:`u_j`, the opinion
+means :math:`m = s` with probability :math:`1-\\eta_j` and :math:`m = -s` with
+probability :math:`\\eta_j` (irony, hedging; :math:`\\eta_j \\in [\\eta_{min},
+\\eta_{max}]`), and the word of the pair that says :math:`m` is written, or, if the unit
+is negated, the word that says :math:`-m` after *not* (*not bad* for a positive
+opinion). So *not* flips the meaning of the word it precedes, and a unit shifts the
+log-odds of the sentiment by
 
 .. math::
-    p(w_{1:L} \\mid s) = \\prod_{i} p(w_i \\mid s), \\qquad
-    \\log\\frac{p(s=+1 \\mid w_{1:L})}{p(s=-1 \\mid w_{1:L})}
-    = \\log\\frac{\\pi}{1-\\pi} + \\sum_i \\log\\frac{p(w_i \\mid +1)}{p(w_i \\mid -1)},
+    \\lambda(\\text{unit}) = (-1)^{\\text{negated}}\\;\\operatorname{pol}(w)\\,
+    \\log\\frac{1-\\eta_j}{\\eta_j} \\qquad (0 \\text{ for a neutral word}),
 
-a naive-Bayes model whose posterior, and hence the Bayes-optimal accuracy, is exact.
+with :math:`\\operatorname{pol}(w) = \\pm 1` the polarity of the opinion word :math:`w`.
+A sentence has :math:`U` units, :math:`U` uniform in ``[min_units, max_units]`` and
+independent of everything else (so between :math:`U` and :math:`2U` tokens), and the
+posterior is exact:
 
-The downstream task comes from a *review domain* that differs from the pretraining text in
-one way: two words that are neutral in pretraining, *scary* and *predictable*, carry
-sentiment there (a horror film should be scary; nobody likes a predictable plot). With
-probability ``domain_rate`` an opinion word of the domain is one of them (ambiguity
-``domain_ambiguity``). A pretrained model cannot know this; a few labelled examples can
-teach it.
+.. math::
+    \\log\\frac{p(s=+1 \\mid \\text{sentence})}{p(s=-1 \\mid \\text{sentence})} =
+    \\log\\frac{\\pi}{1-\\pi} + \\sum_{\\text{units}} \\lambda(\\text{unit}).
 
-Pretraining text: ``[CLS] w_1 ... w_L`` and, with probability ``p_statement``, the
-natural statement ``it was great .`` (if :math:`s=+1`) or ``it was terrible .``
-(if :math:`s=-1`); the statement names the sentiment correctly with probability
-``statement_fidelity``. A downstream sentiment task then has the natural prompt
-``[CLS] w_1 ... w_L it was [MASK] .`` with label words *great* / *terrible*: filling in
-the blank *is* a pretraining prediction (Definition 5.3 of Malladi et al., 2023).
+**Word order matters.** In a domain with :math:`\\nu = 1/2`, every word has the same
+expected count under :math:`s=+1` as under :math:`s=-1` (a positive opinion is *good*
+or *not bad* with equal probability): the first-order statistics of a *bag of words*
+carry no information, and the sentiment is carried by which word follows *not*. (Word
+counts are not useless altogether: *not* co-occurring with one opinion word is a
+second-order cue that a classifier of counts can pick up from enough examples.)
+
+The downstream task comes from a *review domain* that negates more than pretraining text
+(``task_negation_rate``, 1/2 by default, so that word counts carry no first-order
+information).
+Optionally (``domain_rate`` > 0, default 0) it also reverses one opinion pair: in
+pretraining text *predictable* is praise and *scary* a complaint; in the (horror)
+reviews of the task, with probability ``domain_rate`` an opinion uses the pair with the
+opposite meaning (*scary* is praise), with ambiguity ``domain_ambiguity``. A pretrained
+model cannot know that; labelled examples can teach it.
+
+Pretraining text: ``[CLS] sentence`` and, with probability ``p_statement``, the natural
+statement ``it was great .`` (if :math:`s=+1`) or ``it was terrible .`` (if
+:math:`s=-1`), naming the sentiment correctly with probability ``statement_fidelity``. A
+downstream sentiment task then has the natural prompt ``[CLS] sentence it was [MASK] .``
+with label words *great* / *terrible*: filling in the blank *is* a pretraining
+prediction (Definition 5.3 of Malladi et al., 2023).
 
 Used in Chapter 4 (``notebooks/04-kernel-view.ipynb``).
 """
@@ -46,7 +64,7 @@ from ..repro import make_generator
 
 __all__ = ["SentimentLanguageConfig", "SentimentLanguage"]
 
-SPECIALS = ["[PAD]", "[MASK]", "[CLS]", ".", "it", "was", "great", "terrible"]
+SPECIALS = ["[PAD]", "[MASK]", "[CLS]", ".", "it", "was", "great", "terrible", "not"]
 POSITIVE = [
     "good",
     "fun",
@@ -92,9 +110,10 @@ NEUTRAL = [
     "very",
     "quite",
     "its",
-    "scary",
-    "predictable",
 ]
+#: An opinion pair whose meaning the downstream domain reverses: in pretraining text
+#: "predictable" is praise and "scary" a complaint; in the (horror) reviews of the task
+#: "scary" is praise and "predictable" a complaint.
 DOMAIN = ("scary", "predictable")  # positive, negative in the downstream review domain
 
 
@@ -102,21 +121,23 @@ DOMAIN = ("scary", "predictable")  # positive, negative in the downstream review
 class SentimentLanguageConfig:
     """Parameters of :class:`SentimentLanguage` (``seed`` fixes the word weights)."""
 
-    min_len: int = 4
-    max_len: int = 10
-    opinion_rate: float = 0.4  # rho
+    min_units: int = 3  # units of a sentence (a word, or "not" and a word)
+    max_units: int = 6
+    opinion_rate: float = 0.6  # rho
     irony_min: float = 0.05  # eta_j is uniform in [irony_min, irony_max]
-    irony_max: float = 0.35
+    irony_max: float = 0.25
     prior_positive: float = 0.5  # pi, in pretraining text
-    p_statement: float = 0.5
+    negation_rate: float = 0.3  # nu, in pretraining text
+    task_negation_rate: float = 0.5  # nu in the downstream domain
+    p_statement: float = 0.9
     statement_fidelity: float = 0.9
-    domain_rate: float = 0.45
+    domain_rate: float = 0.0
     domain_ambiguity: float = 0.1
     seed: int = 0
 
     def __post_init__(self):
-        check_int("min_len", self.min_len, minimum=1)
-        check_int("max_len", self.max_len, minimum=self.min_len)
+        check_int("min_units", self.min_units, minimum=1)
+        check_int("max_units", self.max_units, minimum=self.min_units)
         check_float("opinion_rate", self.opinion_rate, minimum=0.0, maximum=1.0)
         check_float(
             "irony_min", self.irony_min, minimum=0.0, maximum=0.5, strict_min=True
@@ -131,17 +152,28 @@ class SentimentLanguageConfig:
         )
         if self.prior_positive >= 1.0:
             raise ValueError(f"prior_positive must be < 1, got {self.prior_positive}")
+        check_float("negation_rate", self.negation_rate, minimum=0.0, maximum=1.0)
+        check_float(
+            "task_negation_rate", self.task_negation_rate, minimum=0.0, maximum=1.0
+        )
         check_float("p_statement", self.p_statement, minimum=0.0, maximum=1.0)
         check_float(
             "statement_fidelity", self.statement_fidelity, minimum=0.0, maximum=1.0
         )
         check_float("domain_rate", self.domain_rate, minimum=0.0, maximum=1.0)
-        check_float("domain_ambiguity", self.domain_ambiguity, minimum=0.0, maximum=0.5)
+        check_float(
+            "domain_ambiguity",
+            self.domain_ambiguity,
+            minimum=0.0,
+            maximum=0.5,
+            strict_min=True,
+        )
         check_int("seed", self.seed, minimum=0)
 
 
 class SentimentLanguage:
-    """The language: vocabulary, pretraining documents, prompted and plain task inputs."""
+    """The language: vocabulary, pretraining documents, prompted and plain task
+    inputs."""
 
     def __init__(self, config: SentimentLanguageConfig = SentimentLanguageConfig()):
         if not isinstance(config, SentimentLanguageConfig):
@@ -149,7 +181,7 @@ class SentimentLanguage:
                 f"config must be a SentimentLanguageConfig, got {type(config).__name__}"
             )
         self.config = c = config
-        self.words = SPECIALS + POSITIVE + NEGATIVE + NEUTRAL
+        self.words = SPECIALS + POSITIVE + NEGATIVE + list(DOMAIN) + NEUTRAL
         self.index = {w: i for i, w in enumerate(self.words)}
         self.pad_id, self.mask_id, self.cls_id = (
             self.index["[PAD]"],
@@ -161,40 +193,40 @@ class SentimentLanguage:
             self.index["it"],
             self.index["was"],
         )
+        self.not_id = self.index["not"]
         self.great_id, self.terrible_id = self.index["great"], self.index["terrible"]
         self.label_ids = (self.great_id, self.terrible_id)  # label word for s=+1, s=-1
-        pos = torch.tensor([self.index[w] for w in POSITIVE])
-        neg = torch.tensor([self.index[w] for w in NEGATIVE])
-        neu = torch.tensor([self.index[w] for w in NEUTRAL])
-        g = make_generator(c.seed)
-        weight = torch.rand(len(pos), generator=g, dtype=torch.float64) + 0.5
-        weight = weight / weight.sum()  # u_j
-        self.ambiguity = c.irony_min + (c.irony_max - c.irony_min) * torch.rand(
-            len(pos), generator=g, dtype=torch.float64
+        self.domain_ids = torch.tensor([self.index[w] for w in DOMAIN])
+        # pairs j = 0..9 of the lexicon, and pair 10: (predictable, scary)
+        self.positive_ids = torch.tensor(
+            [self.index[w] for w in POSITIVE] + [self.index[DOMAIN[1]]]
         )
+        self.negative_ids = torch.tensor(
+            [self.index[w] for w in NEGATIVE] + [self.index[DOMAIN[0]]]
+        )
+        self.neutral_ids = torch.tensor([self.index[w] for w in NEUTRAL])
+        g = make_generator(c.seed)
+        n_pairs = len(POSITIVE) + 1
+        weight = torch.rand(n_pairs, generator=g, dtype=torch.float64) + 0.5
+        self.pair_weight = weight / weight.sum()  # u_j, in pretraining text
+        lexicon = self.pair_weight.clone()
+        lexicon[-1] = 0.0  # the task draws the domain pair separately
+        self.task_pair_weight = lexicon / lexicon.sum()
+        self.ambiguity = c.irony_min + (c.irony_max - c.irony_min) * torch.rand(
+            n_pairs, generator=g, dtype=torch.float64
+        )
+        # lambda of an un-negated occurrence of each word, per domain
         V = len(self.words)
-        # word distributions p(w | s) of the two domains; rows: s = +1, s = -1
-        self.word_probs = {
-            "pretrain": torch.zeros(2, V, dtype=torch.float64),
-            "task": torch.zeros(2, V, dtype=torch.float64),
-        }
-        dom = torch.tensor([self.index[w] for w in DOMAIN])
-        plain = torch.tensor([self.index[w] for w in NEUTRAL if w not in DOMAIN])
-        for row, (own, other) in enumerate(((pos, neg), (neg, pos))):
-            pre, task = self.word_probs["pretrain"], self.word_probs["task"]
-            pre[row, own] += c.opinion_rate * weight * (1 - self.ambiguity)
-            pre[row, other] += c.opinion_rate * weight * self.ambiguity
-            pre[row, neu] += (1 - c.opinion_rate) / len(neu)
-            lexicon = 1 - c.domain_rate
-            task[row, own] += c.opinion_rate * lexicon * weight * (1 - self.ambiguity)
-            task[row, other] += c.opinion_rate * lexicon * weight * self.ambiguity
-            task[row, dom[row]] += (
-                c.opinion_rate * c.domain_rate * (1 - c.domain_ambiguity)
-            )
-            task[row, dom[1 - row]] += (
-                c.opinion_rate * c.domain_rate * c.domain_ambiguity
-            )
-            task[row, plain] += (1 - c.opinion_rate) / len(plain)
+        shift = torch.log((1 - self.ambiguity) / self.ambiguity)
+        self.word_llr = {}
+        for domain in ("pretrain", "task"):
+            llr = torch.zeros(V, dtype=torch.float64)
+            llr[self.positive_ids] = shift
+            llr[self.negative_ids] = -shift
+            if domain == "task":
+                d = math.log((1 - c.domain_ambiguity) / c.domain_ambiguity)
+                llr[self.domain_ids[0]], llr[self.domain_ids[1]] = d, -d
+            self.word_llr[domain] = llr
 
     @property
     def vocab_size(self) -> int:
@@ -202,8 +234,19 @@ class SentimentLanguage:
 
     @property
     def seq_len(self) -> int:
-        """Longest document: ``[CLS]``, ``max_len`` words, ``it was <label> .``."""
-        return self.config.max_len + 5
+        """Longest document: ``[CLS]``, the longest sentence, ``it was <label> .``."""
+        return self.max_tokens + 5
+
+    @property
+    def max_tokens(self) -> int:
+        """Longest sentence in tokens: ``2 max_units`` (every unit negated)."""
+        return 2 * self.config.max_units
+
+    def negation_rate(self, domain: str) -> float:
+        """:math:`\\nu` of ``domain``."""
+        self._check_domain(domain)
+        c = self.config
+        return c.negation_rate if domain == "pretrain" else c.task_negation_rate
 
     # -- sampling --------------------------------------------------------------------
     def _check_generator(self, generator):
@@ -226,11 +269,11 @@ class SentimentLanguage:
         domain: str = "pretrain",
         prior_positive: float | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``n`` sentences of ``domain``: sentiments ``(n,)`` in {+1, -1}, words
-        ``(n, max_len)`` (``[PAD]`` after the end) and lengths ``(n,)``.
+        """``n`` sentences of ``domain``: sentiments ``(n,)`` in {+1, -1}, tokens ``(n,
+        max_tokens)`` (``[PAD]`` after the end) and lengths ``(n,)`` in tokens.
 
-        ``prior_positive`` defaults to the config's :math:`\\pi` for pretraining text and
-        to 1/2 for the (balanced) task domain.
+        ``prior_positive`` defaults to the config's :math:`\\pi` for pretraining text
+        and to 1/2 for the (balanced) task domain.
         """
         n = check_int("n", n, minimum=1)
         self._check_generator(generator)
@@ -240,14 +283,43 @@ class SentimentLanguage:
             pi = c.prior_positive if domain == "pretrain" else 0.5
         else:
             pi = check_float("prior_positive", prior_positive, minimum=0.0, maximum=1.0)
+        U = c.max_units
         s = torch.where(torch.rand(n, generator=generator) < pi, 1, -1)
-        lengths = torch.randint(c.min_len, c.max_len + 1, (n,), generator=generator)
-        probs = self.word_probs[domain][(s < 0).long()]  # (n, V)
-        words = torch.multinomial(
-            probs, c.max_len, replacement=True, generator=generator
+        n_units = torch.randint(c.min_units, c.max_units + 1, (n,), generator=generator)
+        negated = torch.rand(n, U, generator=generator) < self.negation_rate(domain)
+        opinion = torch.rand(n, U, generator=generator) < c.opinion_rate
+        neutral = self.neutral_ids
+        word = neutral[torch.randint(len(neutral), (n, U), generator=generator)]
+        # an opinion: pair j and whether it means s (1 - eta_j) or -s (eta_j)
+        weights = self.pair_weight if domain == "pretrain" else self.task_pair_weight
+        pair = torch.multinomial(
+            weights.expand(n, -1), U, replacement=True, generator=generator
         )
-        words[torch.arange(c.max_len)[None, :] >= lengths[:, None]] = self.pad_id
-        return s, words, lengths
+        eta = self.ambiguity[pair]
+        u = torch.rand(n, U, generator=generator, dtype=torch.float64)
+        if domain == "task":
+            dom = torch.rand(n, U, generator=generator) < c.domain_rate
+            eta = torch.where(dom, torch.full_like(eta, c.domain_ambiguity), eta)
+        meaning = torch.where(u < eta, -s[:, None], s[:, None])
+        says = torch.where(negated, -meaning, meaning)  # the polarity of the word
+        op_word = torch.where(
+            says > 0, self.positive_ids[pair], self.negative_ids[pair]
+        )
+        if domain == "task":
+            dom_word = torch.where(says > 0, self.domain_ids[0], self.domain_ids[1])
+            op_word = torch.where(dom, dom_word, op_word)
+        word = torch.where(opinion, op_word, word)
+        # the first n_units units (a rule that does not depend on s or on the flags)
+        keep = torch.arange(U)[None, :] < n_units[:, None]
+        # tokens: (not?) word for each kept unit, then compacted to the left
+        pairs = torch.stack([torch.full_like(word, self.not_id), word], dim=2)
+        valid = torch.stack([negated & keep, keep], dim=2).reshape(n, 2 * U)
+        pairs = pairs.reshape(n, 2 * U)
+        order = torch.argsort((~valid).long(), dim=1, stable=True)
+        tokens = torch.gather(pairs, 1, order)
+        count = valid.sum(1)
+        tokens[torch.arange(2 * U)[None, :] >= count[:, None]] = self.pad_id
+        return s, tokens, count
 
     def _assemble(self, words, lengths, tail: torch.Tensor | None) -> torch.Tensor:
         """``[CLS] words tail`` for each row, right-padded to :attr:`seq_len`."""
@@ -308,24 +380,69 @@ class SentimentLanguage:
         return self._assemble(words, lengths, tail)
 
     # -- exact Bayesian quantities ---------------------------------------------------
+    def unit_llr(self, words: torch.Tensor, *, domain: str = "task") -> torch.Tensor:
+        """:math:`\\lambda` at every token of ``words`` ``(n, T)`` under ``domain``'s
+        model: the word's log-likelihood ratio, sign-flipped after *not*; 0 on *not*,
+        neutral words and padding (float64, ``(n, T)``)."""
+        words = check_tensor("words", words, ndim=2, integer=True)
+        self._check_domain(domain)
+        llr = self.word_llr[domain][words]
+        after_not = torch.zeros_like(words, dtype=torch.bool)
+        after_not[:, 1:] = words[:, :-1] == self.not_id
+        return torch.where(after_not, -llr, llr)
+
     def log_odds(
         self, words: torch.Tensor, *, domain: str = "task", prior_positive: float = 0.5
     ) -> torch.Tensor:
-        """Exact :math:`\\log p(s=+1 \\mid w)/p(s=-1 \\mid w)` under ``domain``'s word model
-        and the prior ``prior_positive`` (float64, one per sentence)."""
-        words = check_tensor("words", words, ndim=2, integer=True)
-        self._check_domain(domain)
+        """Exact :math:`\\log p(s=+1 \\mid w)/p(s=-1 \\mid w)` under ``domain``'s word
+        model and the prior ``prior_positive`` (float64, one per sentence)."""
         pi = check_float(
             "prior_positive", prior_positive, minimum=0.0, maximum=1.0, strict_min=True
         )
         if pi >= 1.0:
             raise ValueError(f"prior_positive must be < 1, got {pi}")
-        probs = self.word_probs[domain]
-        llr = torch.cat(
-            [probs[0].log() - probs[1].log(), torch.zeros(1, dtype=torch.float64)]
-        )
-        idx = torch.where(words == self.pad_id, len(self.words), words)
-        return llr[idx].sum(1) + math.log(pi / (1 - pi))
+        return self.unit_llr(words, domain=domain).sum(1) + math.log(pi / (1 - pi))
+
+    def word_frequencies(self, domain: str = "task") -> torch.Tensor:
+        """Exact expected count of each token per unit, given :math:`s`: ``(2, V)``
+        float64, rows :math:`s=+1` and :math:`s=-1` (the first-order statistics a bag of
+        words sees; *not* included)."""
+        self._check_domain(domain)
+        c = self.config
+        nu = self.negation_rate(domain)
+        out = torch.zeros(2, self.vocab_size, dtype=torch.float64)
+        if domain == "pretrain":
+            pairs = [
+                (self.pair_weight, self.ambiguity, self.positive_ids, self.negative_ids)
+            ]
+        else:
+            eta_d = torch.tensor([c.domain_ambiguity], dtype=torch.float64)
+            pairs = [
+                (
+                    (1 - c.domain_rate) * self.task_pair_weight,
+                    self.ambiguity,
+                    self.positive_ids,
+                    self.negative_ids,
+                ),
+                (
+                    torch.tensor([c.domain_rate], dtype=torch.float64),
+                    eta_d,
+                    self.domain_ids[:1],
+                    self.domain_ids[1:],
+                ),
+            ]
+        for row, s in enumerate((1, -1)):
+            out[row, self.neutral_ids] += (1 - c.opinion_rate) / len(self.neutral_ids)
+            out[row, self.not_id] += nu
+            for weight, eta, pos, neg in pairs:
+                for ids, pol in ((pos, 1), (neg, -1)):
+                    # the word says pol: the opinion means pol and is not negated, or
+                    # means -pol and is negated
+                    p_m = 1 - eta if pol == s else eta
+                    out[row, ids] += (
+                        c.opinion_rate * weight * (p_m * (1 - nu) + (1 - p_m) * nu)
+                    )
+        return out
 
     def bayes_accuracy(
         self,
@@ -335,10 +452,11 @@ class SentimentLanguage:
         domain: str = "task",
         model: str | None = None,
     ) -> float:
-        """Accuracy on balanced sentences of ``domain`` of the Bayes classifier built from the
-        word model of ``model`` (default: the same domain, i.e. the Bayes-optimal accuracy;
-        ``model="pretrain"`` on ``domain="task"`` is the best a perfectly pretrained model
-        can do zero-shot). Monte Carlo over ``n`` sentences; the posteriors are exact."""
+        """Accuracy on balanced sentences of ``domain`` of the Bayes classifier built
+        from the word model of ``model`` (default: the same domain, i.e. the
+        Bayes-optimal accuracy; ``model="pretrain"`` on ``domain="task"`` is the best a
+        perfectly pretrained model can do zero-shot). Monte Carlo over ``n`` sentences;
+        the posteriors are exact."""
         n = check_int("n", n, minimum=1)
         self._check_domain(domain)
         model = domain if model is None else model
@@ -348,6 +466,15 @@ class SentimentLanguage:
         )
         pred = torch.where(self.log_odds(words, domain=model) > 0, 1, -1)
         return (pred == s).double().mean().item()
+
+    def bag_of_words(self, words: torch.Tensor) -> torch.Tensor:
+        """Word counts ``(n, V)`` (float32) of sentences ``words`` ``(n, T)``, padding
+        and the special tokens other than *not* excluded."""
+        words = check_tensor("words", words, ndim=2, integer=True)
+        counts = torch.zeros(words.shape[0], self.vocab_size)
+        counts.scatter_add_(1, words, torch.ones(words.shape, dtype=counts.dtype))
+        counts[:, : self.not_id] = 0.0
+        return counts
 
     def decode(self, tokens: torch.Tensor) -> list[str]:
         """Readable strings of token rows (padding dropped)."""
@@ -360,6 +487,9 @@ class SentimentLanguage:
     def __repr__(self) -> str:
         c = self.config
         return (
-            f"SentimentLanguage(V={self.vocab_size}, L in [{c.min_len}, {c.max_len}], rho={c.opinion_rate}, "
-            f"eta in [{c.irony_min}, {c.irony_max}], pi={c.prior_positive}, p_statement={c.p_statement})"
+            f"SentimentLanguage(V={self.vocab_size}, "
+            f"U in [{c.min_units}, {c.max_units}], "
+            f"rho={c.opinion_rate}, eta in [{c.irony_min}, {c.irony_max}], "
+            f"nu={c.negation_rate} (task {c.task_negation_rate}), "
+            f"pi={c.prior_positive}, p_statement={c.p_statement})"
         )

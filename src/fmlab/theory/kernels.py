@@ -1,23 +1,26 @@
 """Empirical neural tangent kernels and their relatives (Chapter 4).
 
-For a model :math:`f(x;\\theta)` with trainable parameters :math:`\\theta \\in \\mathbb{R}^P`
-and the gradient :math:`g(x) = \\nabla_\\theta f(x;\\theta_0)` at the pretrained weights,
+For a model :math:`f(x;\\theta)` with trainable parameters :math:`\\theta \\in
+\\mathbb{R}^P` and the gradient :math:`g(x) = \\nabla_\\theta f(x;\\theta_0)` at the
+pretrained weights,
 
 .. math::
     K^{(\\mathrm{SGD})}(x, x') = \\langle g(x), g(x') \\rangle, \\qquad
-    K^{(\\mathrm{A\\text{-}SignGD})}(x, x') = \\langle g(x), \\operatorname{sign} g(x') \\rangle, \\qquad
-    K^{(\\mathrm{SignGD})}(x, x') = \\langle \\operatorname{sign} g(x), \\operatorname{sign} g(x') \\rangle,
+    K^{(\\mathrm{A\\text{-}SignGD})}(x, x') = \\langle g(x), \\operatorname{sign} g(x')
+    \\rangle, \\qquad K^{(\\mathrm{SignGD})}(x, x') = \\langle \\operatorname{sign}
+    g(x), \\operatorname{sign} g(x') \\rangle,
 
 the empirical NTK (Jacot et al., 2018), and the asymmetric and symmetric SignGD kernels
-of Malladi et al. (2023). Everything here is computed with ``torch.func``: the per-example
-Jacobian is ``vmap(jacrev(f))`` over a batch, taken in chunks so memory stays bounded;
-:func:`empirical_ntk_autograd_loop` is the slow, obvious reference (one backward pass per
-example and output) that the tests and ``scripts/bench_entk.py`` compare against.
+of Malladi et al. (2023). Everything here is computed with ``torch.func``: the
+per-example Jacobian is ``vmap(jacrev(f))`` over a batch, taken in chunks so memory
+stays bounded; :func:`empirical_ntk_autograd_loop` is the slow, obvious reference (one
+backward pass per example and output) that the tests and ``scripts/bench_entk.py``
+compare against.
 
-Also here: the linearized model :math:`f(x;\\theta_0) + \\langle g(x), \\theta - \\theta_0\\rangle`
-(one ``jvp``), kernel logistic regression (the kernel analog of training to convergence),
-the relative distance between two kernels, and the kernel of LoRA as a random projection
-of the weight gradients.
+Also here: the linearized model :math:`f(x;\\theta_0) + \\langle g(x), \\theta -
+\\theta_0\\rangle` (one ``jvp``), kernel logistic regression (the kernel analog of
+training to convergence), the relative distance between two kernels, and the kernel of
+LoRA as a random projection of the weight gradients.
 
 Used in Chapter 4 (``notebooks/04-kernel-view.ipynb``).
 """
@@ -46,10 +49,12 @@ __all__ = [
     "fit_kernel_logistic",
     "kernel_predict",
     "lora_projected_kernel",
+    "linear_per_example_gradients",
     "time_entk",
 ]
 
-#: The kernels this module computes, by name: how each side of the inner product is mapped.
+#: The kernels this module computes, by name: how each side of the inner product is
+# mapped.
 KERNELS = {
     "sgd": (False, False),  # <g(x), g(x')>
     "asymmetric_signgd": (False, True),  # <g(x), sign g(x')>
@@ -64,10 +69,12 @@ def _check_model(model) -> nn.Module:
 
 
 def trainable_params(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The parameters that gradients flow to (``requires_grad=True``), detached, by name.
+    """The parameters that gradients flow to (``requires_grad=True``), detached, by
+    name.
 
     Frozen parameters (``requires_grad=False``, e.g. the pretrained weights under LoRA)
-    are held fixed, so every kernel in this module is the kernel *of the trainable part*.
+    are held fixed, so every kernel in this module is the kernel *of the trainable
+    part*.
     """
     _check_model(model)
     params = {k: v.detach() for k, v in model.named_parameters() if v.requires_grad}
@@ -100,7 +107,8 @@ def _single_output_fn(model: nn.Module):
 
 
 def _jacobian_chunks(model: nn.Module, x: torch.Tensor, chunk_size: int):
-    """Per-example Jacobians, ``chunk_size`` examples at a time, one block per parameter.
+    """Per-example Jacobians, ``chunk_size`` examples at a time, one block per
+    parameter.
 
     Yields lists of tensors ``(c, size_k)`` or ``(c, m, size_k)``, one per trainable
     parameter in the order of ``model.named_parameters()``. They are views of what
@@ -118,7 +126,8 @@ def _jacobian_chunks(model: nn.Module, x: torch.Tensor, chunk_size: int):
             out_shape = value.shape[: value.ndim - params[name].ndim]  # (c,) or (c, m)
             if len(out_shape) > 2:
                 raise ValueError(
-                    f"model must return (n,) or (n, m) outputs, got per-example shape {tuple(out_shape[1:])}"
+                    "model must return (n,) or (n, m) outputs, got per-example shape "
+                    f"{tuple(out_shape[1:])}"
                 )
             blocks.append(value.reshape(*out_shape, -1))
         yield blocks
@@ -181,7 +190,8 @@ def _sided(
 def _kernel_block(
     left: dict, right: dict, kernels: list[str]
 ) -> dict[str, torch.Tensor]:
-    """Sum over parameters of the row Gram products: one block of every requested kernel."""
+    """Sum over parameters of the row Gram products: one block of every requested
+    kernel."""
     out = {}
     for name in kernels:
         left_sign, right_sign = KERNELS[name]
@@ -220,9 +230,9 @@ def empirical_kernels(
     -------
     dict name -> Tensor ``(n1, n2)`` (scalar outputs) or ``(n1, n2, m, m)``, float32.
 
-    The kernel is accumulated block by block and parameter by parameter,
-    :math:`K = \\sum_k J_k J_k^\\top`, so the per-example Jacobian is never copied into one
-    ``(n, P)`` matrix.
+    The kernel is accumulated block by block and parameter by parameter, :math:`K =
+    \\sum_k J_k J_k^\\top`, so the per-example Jacobian is never copied into one ``(n,
+    P)`` matrix.
     """
     _check_model(model)
     kernels = _check_kernel_names(kernels)
@@ -234,7 +244,8 @@ def empirical_kernels(
         x2 = check_tensor("x2", x2, finite=False)
         if x2.shape[1:] != x1.shape[1:]:
             raise ValueError(
-                f"x1 and x2 must have the same example shape, got {tuple(x1.shape)} and {tuple(x2.shape)}"
+                "x1 and x2 must have the same example shape, got "
+                f"{tuple(x1.shape)} and {tuple(x2.shape)}"
             )
         if x2.shape[0] == 0:
             raise ValueError("x2 must hold at least one example")
@@ -277,15 +288,16 @@ def kernels_from_jacobians(
 ) -> dict[str, torch.Tensor]:
     """Gradient kernels from Jacobians already computed (e.g. a test set's, reused).
 
-    ``j1`` is ``(n1, P)`` or ``(n1, m, P)`` and ``j2`` likewise; returns name -> ``(n1, n2)``
-    or ``(n1, n2, m, m)``, as :func:`empirical_kernels`.
+    ``j1`` is ``(n1, P)`` or ``(n1, m, P)`` and ``j2`` likewise; returns name -> ``(n1,
+    n2)`` or ``(n1, n2, m, m)``, as :func:`empirical_kernels`.
     """
     kernels = _check_kernel_names(kernels)
     j1 = check_tensor("j1", j1, floating=True, finite=False)
     j2 = check_tensor("j2", j2, floating=True, finite=False)
     if j1.ndim not in (2, 3) or j1.ndim != j2.ndim or j1.shape[1:] != j2.shape[1:]:
         raise ValueError(
-            f"j1 and j2 must both be (n, P) or (n, m, P) with equal trailing sizes, got {tuple(j1.shape)} and {tuple(j2.shape)}"
+            "j1 and j2 must both be (n, P) or (n, m, P) with equal trailing sizes, "
+            f"got {tuple(j1.shape)} and {tuple(j2.shape)}"
         )
     m = j1.shape[1] if j1.ndim == 3 else None
     blocks = _kernel_block(_sided([j1], kernels), _sided([j2], kernels), kernels)
@@ -358,7 +370,8 @@ def linearized_outputs(
 ) -> torch.Tensor:
     """The first-order Taylor model at :math:`\\theta_0` evaluated at :math:`\\theta_1`:
 
-    .. math:: f_{\\text{lin}}(x) = f(x;\\theta_0) + \\langle \\nabla_\\theta f(x;\\theta_0), \\theta_1 - \\theta_0\\rangle,
+    .. math:: f_{\\text{lin}}(x) = f(x;\\theta_0) + \\langle \\nabla_\\theta
+    f(x;\\theta_0), \\theta_1 - \\theta_0\\rangle,
 
     computed with one forward-mode ``jvp`` (no Jacobian is formed). ``model0`` and
     ``model1`` are the same architecture with the same trainable parameters.
@@ -369,7 +382,8 @@ def linearized_outputs(
     p0, p1 = trainable_params(model0), trainable_params(model1)
     if p0.keys() != p1.keys() or any(p0[k].shape != p1[k].shape for k in p0):
         raise ValueError(
-            "model0 and model1 must have the same trainable parameters (names and shapes)"
+            "model0 and model1 must have the same trainable parameters "
+            "(names and shapes)"
         )
     frozen = _frozen_state(model0)
     names = list(p0)
@@ -403,20 +417,22 @@ def fit_kernel_logistic(
     max_iter: int = 100,
     tol: float = 1e-10,
 ) -> torch.Tensor:
-    """Kernel logistic regression: the coefficients :math:`\\alpha` of
-    :math:`f(x) = f_0(x) + \\sum_i \\alpha_i K(x, x_i)`.
+    """Kernel logistic regression: the coefficients :math:`\\alpha` of :math:`f(x) =
+    f_0(x) + \\sum_i \\alpha_i K(x, x_i)`.
 
     Minimises (Newton's method, float64)
 
     .. math::
-        \\frac1n \\sum_i \\log\\bigl(1 + e^{-y_i f(x_i)}\\bigr) + \\frac{\\lambda}{2} \\alpha^\\top S \\alpha.
+        \\frac1n \\sum_i \\log\\bigl(1 + e^{-y_i f(x_i)}\\bigr) + \\frac{\\lambda}{2}
+        \\alpha^\\top S \\alpha.
 
-    Read as a linearized model, :math:`f(x) = f_0(x) + \\langle g(x), \\delta\\rangle` with the
-    update :math:`\\delta = \\sum_i \\alpha_i u(x_i)` in the span of the optimizer's update
-    directions (:math:`u = g` for SGD, :math:`u = \\operatorname{sign} g` for SignGD), so
-    :math:`K(x, x_i) = \\langle g(x), u(x_i)\\rangle` and the penalty
-    :math:`\\tfrac{\\lambda}{2}\\|\\delta\\|^2` has :math:`S_{ij} = \\langle u(x_i), u(x_j)\\rangle`
-    (``penalty``; default ``S = K``, right for a symmetric kernel).
+    Read as a linearized model, :math:`f(x) = f_0(x) + \\langle g(x), \\delta\\rangle`
+    with the update :math:`\\delta = \\sum_i \\alpha_i u(x_i)` in the span of the
+    optimizer's update directions (:math:`u = g` for SGD, :math:`u =
+    \\operatorname{sign} g` for SignGD), so :math:`K(x, x_i) = \\langle g(x),
+    u(x_i)\\rangle` and the penalty :math:`\\tfrac{\\lambda}{2}\\|\\delta\\|^2` has
+    :math:`S_{ij} = \\langle u(x_i), u(x_j)\\rangle` (``penalty``; default ``S = K``,
+    right for a symmetric kernel).
 
     Parameters
     ----------
@@ -490,7 +506,8 @@ def fit_kernel_logistic(
 def kernel_predict(
     k_test_train: torch.Tensor, alpha: torch.Tensor, f0_test: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """:math:`f(x) = f_0(x) + \\sum_i \\alpha_i K(x, x_i)` for each test input (float64)."""
+    """:math:`f(x) = f_0(x) + \\sum_i \\alpha_i K(x, x_i)` for each test input
+    (float64)."""
     k = check_tensor("k_test_train", k_test_train, ndim=2, floating=True).double()
     alpha = check_tensor("alpha", alpha, shape=(k.shape[1],), floating=True).double()
     out = k @ alpha
@@ -511,12 +528,13 @@ def lora_projected_kernel(
 ) -> torch.Tensor:
     """The SGD kernel of LoRA at its initialisation, from per-example weight gradients.
 
-    A LoRA layer :math:`W = W_0 + BA` with :math:`B = 0` and a random
-    :math:`A \\in \\mathbb{R}^{k \\times d_{in}}` has :math:`\\nabla_B f = (\\nabla_W f) A^\\top`
-    and :math:`\\nabla_A f = B^\\top \\nabla_W f = 0`, so its kernel is a random projection
+    A LoRA layer :math:`W = W_0 + BA` with :math:`B = 0` and a random :math:`A \\in
+    \\mathbb{R}^{k \\times d_{in}}` has :math:`\\nabla_B f = (\\nabla_W f) A^\\top` and
+    :math:`\\nabla_A f = B^\\top \\nabla_W f = 0`, so its kernel is a random projection
     of the full one:
 
-    .. math:: K_{\\text{LoRA}}(x, x') = \\sum_{\\text{layers}} \\langle G(x) A^\\top, G(x') A^\\top\\rangle,
+    .. math:: K_{\\text{LoRA}}(x, x') = \\sum_{\\text{layers}} \\langle G(x) A^\\top,
+    G(x') A^\\top\\rangle,
         \\qquad G = \\nabla_W f.
 
     Parameters
@@ -540,7 +558,8 @@ def lora_projected_kernel(
         )
     if not (set(grads1) == set(grads2) == set(projections)) or not grads1:
         raise ValueError(
-            "grads1, grads2 and projections must have the same, non-empty, set of layer names"
+            "grads1, grads2 and projections must have the same, non-empty, set of "
+            "layer names"
         )
     total = None
     for name, a in projections.items():
@@ -549,7 +568,8 @@ def lora_projected_kernel(
         g2 = check_tensor(f"grads2[{name!r}]", grads2[name], ndim=3, floating=True)
         if g1.shape[1:] != g2.shape[1:] or g1.shape[2] != a.shape[1]:
             raise ValueError(
-                f"layer {name!r}: gradients {tuple(g1.shape)}, {tuple(g2.shape)} do not match projection {tuple(a.shape)}"
+                f"layer {name!r}: gradients {tuple(g1.shape)}, {tuple(g2.shape)} do "
+                f"not match projection {tuple(a.shape)}"
             )
         p1 = (g1 @ a.T).reshape(g1.shape[0], -1)
         p2 = (g2 @ a.T).reshape(g2.shape[0], -1)
@@ -558,21 +578,129 @@ def lora_projected_kernel(
     return total
 
 
+def linear_per_example_gradients(
+    model: nn.Module, x: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """Per-example gradients from **one** batched forward and backward pass.
+
+    The BackPACK / Opacus recipe for models whose trainable parameters all sit in
+    ``nn.Linear`` layers: a forward hook keeps each layer's input :math:`a_{it}` and a
+    tensor hook its output gradient :math:`\\delta_{it} = \\partial f(x_i) / \\partial
+    \\text{out}_{it}` (one backward pass of :math:`\\sum_i f(x_i)` gives them all,
+    because the examples do not interact), and an ``einsum`` sums over positions:
+
+    .. math:: \\frac{\\partial f(x_i)}{\\partial W} = \\sum_t \\delta_{it} a_{it}^\\top,
+        \\qquad \\frac{\\partial f(x_i)}{\\partial b} = \\sum_t \\delta_{it}.
+
+    Parameters
+    ----------
+    model : nn.Module
+        Returns ``(n,)`` (one scalar per example); examples must not interact in the
+        forward pass (no batch norm). Every trainable parameter must be the weight or
+        bias of an ``nn.Linear``.
+    x : Tensor
+        A batch of inputs.
+
+    Returns
+    -------
+    dict parameter name -> Tensor ``(n, *param.shape)``, in the order of
+    ``model.named_parameters()`` (so their flattened concatenation is :func:`jacobian`).
+    """
+    _check_model(model)
+    x = check_tensor("x", x, finite=False)
+    names = list(trainable_params(model))
+    layers = {}
+    for mod_name, mod in model.named_modules():
+        if isinstance(mod, nn.Linear):
+            for p_name, p in mod.named_parameters(recurse=False):
+                if p.requires_grad:
+                    full = f"{mod_name}.{p_name}" if mod_name else p_name
+                    layers.setdefault(mod_name, (mod, []))[1].append(full)
+    covered = {n for _, (_, ps) in layers.items() for n in ps}
+    missing = [n for n in names if n not in covered]
+    if missing:
+        raise ValueError(
+            "every trainable parameter must belong to an nn.Linear; not: "
+            + ", ".join(missing[:5])
+        )
+    saved: dict[str, list] = {}
+    calls: dict[str, int] = {}
+    handles = []
+
+    def keep(mod_name):
+        def hook(module, inputs, output):
+            calls[mod_name] = calls.get(mod_name, 0) + 1
+            entry = saved.setdefault(mod_name, [inputs[0].detach(), None])
+            if output.requires_grad:
+
+                def grad_hook(grad):
+                    entry[1] = grad.detach()
+
+                output.register_hook(grad_hook)
+
+        return hook
+
+    for mod_name, (mod, _) in layers.items():
+        handles.append(mod.register_forward_hook(keep(mod_name)))
+    try:
+        with torch.enable_grad():
+            out = model(x)
+            if out.ndim != 1:
+                raise ValueError(
+                    f"model must return one output per example, got {tuple(out.shape)}"
+                )
+            targets = [p for name, p in model.named_parameters() if name in covered]
+            torch.autograd.grad(out.sum(), targets)
+    finally:
+        for h in handles:
+            h.remove()
+    n = x.shape[0]
+    grads = {}
+    for mod_name, (mod, p_names) in layers.items():
+        if calls.get(mod_name) != 1 or saved[mod_name][1] is None:
+            raise ValueError(
+                f"layer {mod_name!r} has trainable parameters but was not called as a "
+                "module on the way to the output (or was called twice)"
+            )
+        a, delta = saved[mod_name]
+        a = a.reshape(n, -1, a.shape[-1])
+        delta = delta.reshape(n, -1, delta.shape[-1])
+        for full in p_names:
+            if full.endswith("weight"):
+                grads[full] = torch.einsum("nto,nti->noi", delta, a)
+            else:
+                grads[full] = delta.sum(1)
+    return {name: grads[name] for name in names}
+
+
 def time_entk(
-    model: nn.Module, x: torch.Tensor, *, chunk_size: int = 64, repeats: int = 3
+    model: nn.Module,
+    x: torch.Tensor,
+    *,
+    chunk_size: int = 64,
+    repeats: int = 3,
+    clock: str = "process",
 ) -> dict[str, float]:
-    """Time the ``torch.func`` eNTK against the per-example autograd loop on the same inputs.
+    """Time three ways of computing the eNTK :math:`K = JJ^\\top` of ``model`` on ``x``.
 
-    Both compute :math:`K(x_i, x_j)` for all pairs in ``x``. A warm-up call on two examples
-    comes first, so that one-time tracing costs are not counted, and each method's time is
-    the best of ``repeats`` runs (the least disturbed by other work on the machine).
+    Each way first forms the per-example Jacobian :math:`J` (``n`` rows of ``P``
+    numbers), then pays the same Gram product :math:`JJ^\\top` (:math:`n^2P`
+    multiply-adds):
 
-    Returns a dict with the seconds of each method, their ratio (``speedup`` = loop /
-    torch.func), the largest entry-wise difference relative to the largest entry
-    (``max_rel_diff``), and ``seconds_gram``: the time of the product :math:`JJ^\\top` alone,
-    on a Jacobian computed beforehand. Any method that forms the kernel from
-    per-example gradients pays that product, so ``speedup_ceiling`` = loop / Gram bounds
-    the speedup that a faster Jacobian could buy on this machine. Used by
+    * ``torch_func``: ``vmap(jacrev(f))`` (:func:`jacobian`);
+    * ``loop``: one forward and one backward pass per example
+      (:func:`empirical_ntk_autograd_loop`'s rows);
+    * ``batched``: one batched forward and backward pass with hooks, then an ``einsum``
+      per layer (:func:`linear_per_example_gradients`; needs every trainable parameter
+      in an ``nn.Linear``, e.g. only the weight matrices of the transformer blocks).
+
+    Every time is the best of ``repeats`` runs, measured on the ``clock``: ``"process"``
+    (CPU time of this process, little disturbed by other programs on a shared machine)
+    or ``"wall"``. A warm-up call on two examples comes first. Returns seconds per part
+    (``jacobian_<way>``, ``gram``), totals (``total_<way>`` = Jacobian + Gram), the
+    share of the Gram product in the ``torch_func`` total, the speed-up of
+    ``torch_func`` over each other way, and the largest entry-wise difference between
+    the three kernels relative to the largest entry (``max_rel_diff``). Used by
     ``scripts/bench_entk.py`` and Chapter 4.
     """
     import time
@@ -583,28 +711,64 @@ def time_entk(
         raise ValueError("x must hold at least two examples")
     chunk_size = check_int("chunk_size", chunk_size, minimum=1)
     repeats = check_int("repeats", repeats, minimum=1)
+    if clock not in ("process", "wall"):
+        raise ValueError(f"clock must be 'process' or 'wall', got {clock!r}")
+    tick = time.process_time if clock == "process" else time.perf_counter
 
-    def best_of(fn):
-        best, out = float("inf"), None
-        for _ in range(repeats):
-            start = time.perf_counter()
-            out = fn()
-            best = min(best, time.perf_counter() - start)
-        return best, out
+    def now():
+        if x.is_cuda:  # pragma: no cover (no GPU in the tests)
+            torch.cuda.synchronize(x.device)
+        return tick()
 
-    empirical_ntk(model, x[:2], chunk_size=chunk_size)
-    empirical_ntk_autograd_loop(model, x[:2])
-    t_func, k_func = best_of(lambda: empirical_ntk(model, x, chunk_size=chunk_size))
-    t_loop, k_loop = best_of(lambda: empirical_ntk_autograd_loop(model, x))
-    rows = _as_rows(jacobian(model, x, chunk_size=chunk_size))
-    t_gram, _ = best_of(lambda: rows @ rows.T)
-    diff = float((k_func - k_loop).abs().max() / k_loop.abs().max())
-    return {
-        "n": int(x.shape[0]),
-        "seconds_torch_func": t_func,
-        "seconds_loop": t_loop,
-        "seconds_gram": t_gram,
-        "speedup": t_loop / t_func,
-        "speedup_ceiling": t_loop / t_gram,
-        "max_rel_diff": diff,
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def loop_rows(xs):
+        rows = []
+        for i in range(xs.shape[0]):
+            out = model(xs[i : i + 1]).reshape(())
+            g = torch.autograd.grad(out, params, allow_unused=True)
+            rows.append(
+                torch.cat(
+                    [
+                        (gi if gi is not None else torch.zeros_like(p)).reshape(-1)
+                        for gi, p in zip(g, params)
+                    ]
+                )
+            )
+        return torch.stack(rows)
+
+    def batched_rows(xs):
+        grads = linear_per_example_gradients(model, xs)
+        return torch.cat([g.reshape(xs.shape[0], -1) for g in grads.values()], dim=1)
+
+    ways = {
+        "torch_func": lambda xs: jacobian(model, xs, chunk_size=chunk_size),
+        "loop": loop_rows,
+        "batched": batched_rows,
     }
+    for fn in ways.values():  # warm-up
+        fn(x[:2])
+    best = {name: float("inf") for name in ways}
+    best["gram"] = float("inf")
+    kernels = {}
+    for _ in range(repeats):  # interleaved, so that a busy moment hits every way alike
+        for name, fn in ways.items():
+            start = now()
+            rows = fn(x)
+            best[name] = min(best[name], now() - start)
+            start = now()
+            k = rows @ rows.T
+            best["gram"] = min(best["gram"], now() - start)
+            kernels[name] = k
+    ref = kernels["loop"]
+    diff = max(float((k - ref).abs().max() / ref.abs().max()) for k in kernels.values())
+    out = {"n": int(x.shape[0]), "parameters": sum(p.numel() for p in params)}
+    for name in ways:
+        out[f"jacobian_{name}"] = best[name]
+        out[f"total_{name}"] = best[name] + best["gram"]
+    out["gram"] = best["gram"]
+    out["gram_share"] = best["gram"] / out["total_torch_func"]
+    out["speedup_vs_loop"] = out["total_loop"] / out["total_torch_func"]
+    out["speedup_vs_batched"] = out["total_batched"] / out["total_torch_func"]
+    out["max_rel_diff"] = diff
+    return out

@@ -1,0 +1,289 @@
+"""The figures of Chapter 4 (``notebooks/04-kernel-view.ipynb``), so that the chapter's
+cells hold the experiment and not the drawing. Every function returns a matplotlib
+``Figure``; none of them computes anything the chapter claims."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+
+from .viz import PALETTE
+
+__all__ = [
+    "plot_pretraining",
+    "plot_signgd_step",
+    "plot_accuracies",
+    "plot_laziness",
+    "plot_width",
+    "plot_lora_errors",
+    "render_lora_rank",
+    "render_learning_rate",
+]
+
+#: Colours of the methods, the same in every figure of the chapter.
+COLORS = {
+    ("prompt", "SGD-FT"): PALETTE["blue"],
+    ("prompt", "K-SGD"): PALETTE["sky"],
+    ("prompt", "Adam-FT"): PALETTE["green"],
+    ("prompt", "K-A-SignGD"): PALETTE["yellow"],
+    ("prompt", "LoRA-SGD-FT"): PALETTE["purple"],
+    ("standard", "LP"): PALETTE["black"],
+    ("standard", "SGD-FT"): PALETTE["red"],
+    ("standard", "K-SGD"): PALETTE["orange"],
+    ("bag of words", "LR"): "#999999",
+}
+
+
+def plot_pretraining(losses: torch.Tensor, every: int = 50):
+    """The masked-LM loss of pretraining, averaged over windows of ``every`` steps."""
+    fig, ax = plt.subplots(figsize=(5.5, 3.0))
+    n = len(losses) // every * every
+    smooth = losses[:n].reshape(-1, every).mean(1)
+    ax.plot(np.arange(len(smooth)) * every + every / 2, smooth, color=PALETTE["blue"])
+    ax.set(
+        xlabel="pretraining step",
+        ylabel="masked-LM loss (mini-batch)",
+        title="Pretraining the masked LM",
+    )
+    fig.tight_layout()
+    return fig
+
+
+def plot_signgd_step(checks, step_lrs, entk_resid, shown: int = 2):
+    """Left: predicted vs actual change of f for one SignGD step (learning rate
+    ``step_lrs[shown]``); right: the relative error against the step size."""
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.4))
+    c0 = checks[0]
+    ax1.scatter(
+        c0.predicted[shown].numpy(), c0.actual[shown].numpy(), s=10, c=PALETTE["blue"]
+    )
+    lim = float(c0.predicted[shown].abs().max()) * 1.1
+    ax1.plot([-lim, lim], [-lim, lim], color=PALETTE["black"], lw=1)
+    ax1.set(
+        xlabel=r"predicted $-\eta\,\mathrm{sign}(\chi)\,K^{(A\text{-}SignGD)}(x, x_t)$",
+        ylabel=r"actual $f_{t+1}(x) - f_t(x)$",
+        title=rf"one SignGD step, $\eta$ = {step_lrs[shown]:g}",
+    )
+    for i, c in enumerate(checks):
+        ax2.loglog(
+            step_lrs,
+            c.rel_error,
+            "o-",
+            color=PALETTE["blue"],
+            label="A-SignGD kernel" if i == 0 else None,
+        )
+        ax2.loglog(
+            step_lrs,
+            entk_resid[i],
+            "s--",
+            color=PALETTE["orange"],
+            label="best multiple of the eNTK column" if i == 0 else None,
+        )
+    ax2.set(
+        xlabel=r"step size $\eta$",
+        ylabel="relative error of the prediction",
+        title=f"{len(checks)} training examples",
+    )
+    ax2.legend()
+    fig.tight_layout()
+    return fig
+
+
+def plot_accuracies(acc: dict, shots, bars, references: dict):
+    """Bars of mean test accuracy (error bars: standard error over seeds) for each
+    (setting, method) in ``bars`` and each k in ``shots``; ``references`` maps a label
+    to a horizontal line (e.g. the zero-shot prompt, the Bayes-optimal accuracy)."""
+    fig, axes = plt.subplots(
+        1, len(shots), figsize=(4.2 * len(shots), 3.4), sharey=True
+    )
+    axes = np.atleast_1d(axes)
+    styles = iter([("--", PALETTE["black"]), (":", PALETTE["black"])])
+    lines = {label: next(styles) for label in references}
+    for ax, k in zip(axes, shots):
+        shown = [(s, m) for s, m in bars if (s, m, k) in acc]
+        for i, (setting, method) in enumerate(shown):
+            v = np.asarray(acc[(setting, method, k)])
+            se = v.std(ddof=1) / np.sqrt(len(v))
+            ax.bar(i, v.mean(), yerr=se, color=COLORS[(setting, method)], capsize=3)
+        for label, value in references.items():
+            ls, color = lines[label]
+            ax.axhline(value, color=color, ls=ls, lw=1, label=label)
+        ax.set_xticks(
+            range(len(shown)),
+            [f"{s[:4]}.\n{m}" for s, m in shown],
+            fontsize=7,
+            rotation=0,
+        )
+        ax.set(ylim=(0.4, 1.0), title=f"k = {k} per class ({len(v)} seeds)")
+    axes[0].set_ylabel("test accuracy")
+    axes[0].legend(loc="lower left", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_laziness(by_lr: dict, shots, lr_scales_by_k: dict):
+    """Linearization error and kernel change against the learning-rate scale c, per k,
+    for both settings (mean over seeds; error bars: standard error)."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+    markers = dict(zip(shots, ("o", "s", "^", "D")))
+    for setting, color in (("prompt", PALETTE["blue"]), ("standard", PALETTE["red"])):
+        for k in shots:
+            cs = lr_scales_by_k[k]
+            for ax, m in zip(axes, ("lin_error", "kernel_change")):
+                v = np.asarray(by_lr[(setting, k)][m], dtype=float)
+                mean = np.nanmean(v, 0)
+                se = np.nanstd(v, 0, ddof=1) / np.sqrt(v.shape[0])
+                ax.errorbar(
+                    cs,
+                    mean,
+                    yerr=se,
+                    marker=markers[k],
+                    color=color,
+                    capsize=2,
+                    label=f"{setting}, k = {k}",
+                )
+    for ax, title in zip(
+        axes,
+        (
+            r"linearization error $\|f_{FT}-f_{lin}\|/\|f_{FT}-f_0\|$",
+            r"kernel change $\|K_{FT}-K_0\|_F/\|K_0\|_F$",
+        ),
+    ):
+        ax.set(
+            xscale="log",
+            yscale="log",
+            xlabel=r"learning-rate scale $c$ ($\eta = c/\bar K$)",
+            title=title,
+        )
+        ax.title.set_fontsize(9)
+    axes[1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
+    fig.tight_layout()
+    return fig
+
+
+def plot_width(stats: dict, widths, floors: dict):
+    """Mean |chi| at the start of prompt-based fine-tuning against width, one dot per
+    pretraining seed, with horizontal reference floors."""
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.2))
+    for i, w in enumerate(widths):
+        for ax, key in ((ax1, "chi"), (ax2, "accuracy")):
+            vals = stats[(key, w)]
+            ax.scatter([i] * len(vals), vals, color=PALETTE["blue"])
+            ax.plot([i - 0.15, i + 0.15], [np.mean(vals)] * 2, color=PALETTE["blue"])
+    styles = iter(["--", ":"])
+    for label, value in floors.items():
+        ax1.axhline(value, color=PALETTE["black"], ls=next(styles), lw=1, label=label)
+    for ax, ylabel in (
+        (ax1, r"mean $|\chi|$ at $\theta_0$"),
+        (ax2, "zero-shot accuracy"),
+    ):
+        ax.set(
+            xlim=(-0.5, len(widths) - 0.5),
+            xticks=range(len(widths)),
+            xticklabels=[str(w) for w in widths],
+            xlabel="width d",
+            ylabel=ylabel,
+        )
+    ax1.legend(fontsize=7)
+    ax1.set_title("Output derivative before fine-tuning", fontsize=10)
+    ax2.set_title("The prompt, zero-shot", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_lora_errors(ranks, err_mean, err_sd, slope):
+    """The relative error of the LoRA kernel against the rank, with a 1/sqrt(k) line."""
+    fig, ax = plt.subplots(figsize=(5.5, 3.2))
+    ax.errorbar(
+        ranks,
+        err_mean,
+        yerr=err_sd,
+        fmt="o-",
+        color=PALETTE["purple"],
+        capsize=3,
+        label="LoRA kernel error (mean, sd over projections)",
+    )
+    ax.plot(
+        ranks,
+        err_mean[0] / np.sqrt(np.asarray(ranks) / ranks[0]),
+        "--",
+        color=PALETTE["black"],
+        lw=1,
+        label=r"$\propto 1/\sqrt{k}$",
+    )
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xticks=ranks,
+        xticklabels=[str(r) for r in ranks],
+        xlabel="LoRA rank k",
+        ylabel=r"$\|K_{LoRA}-K\|_F/\|K\|_F$",
+        title=f"Kernel distortion vs rank (fitted slope {slope:.2f})",
+    )
+    ax.minorticks_off()
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def render_lora_rank(rank, k_full, examples, ranks, err_mean, err_sd):
+    """One state of the LoRA-rank slider: LoRA kernel entries against the full ones."""
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.3))
+    kl = examples[rank]
+    top = float(max(k_full.max(), kl.max())) * 1.05
+    bottom = float(min(k_full.min(), kl.min(), 0))
+    ax1.scatter(
+        k_full.flatten().numpy(), kl.flatten().numpy(), s=4, color=PALETTE["purple"]
+    )
+    ax1.plot([bottom, top], [bottom, top], color=PALETTE["black"], lw=1)
+    ax1.set(
+        xlim=(bottom, top),
+        ylim=(bottom, top),
+        xlabel=r"$K(x_i, x_j)$",
+        ylabel=r"$K_{LoRA}(x_i, x_j)$",
+        title=f"rank k = {rank}",
+    )
+    ax2.errorbar(
+        ranks, err_mean, yerr=err_sd, fmt="o-", color=PALETTE["purple"], capsize=3
+    )
+    i = list(ranks).index(rank)
+    ax2.plot([rank], [err_mean[i]], "o", ms=12, mfc="none", mec=PALETTE["red"], mew=2)
+    ax2.set(
+        xscale="log",
+        yscale="log",
+        xticks=ranks,
+        xticklabels=[str(r) for r in ranks],
+        xlabel="rank k",
+        ylabel="relative kernel error",
+    )
+    ax2.minorticks_off()
+    fig.tight_layout()
+    return fig
+
+
+def render_learning_rate(index, examples, lr_scales, f_lim):
+    """One state of the learning-rate slider: f_FT against its linearization f_lin on
+    the test set, for both settings, at ``lr_scales[index]``."""
+    fig, ax = plt.subplots(figsize=(5.0, 3.6))
+    for setting, color in (("prompt", PALETTE["blue"]), ("standard", PALETTE["red"])):
+        ex = examples[setting]
+        ax.scatter(
+            ex["f_lin"][index].numpy(),
+            ex["f_ft"][index].numpy(),
+            s=5,
+            color=color,
+            alpha=0.6,
+            label=setting,
+        )
+    ax.plot([-f_lim, f_lim], [-f_lim, f_lim], color=PALETTE["black"], lw=1)
+    ax.set(
+        xlim=(-f_lim, f_lim),
+        ylim=(-f_lim, f_lim),
+        xlabel=r"linearized model $f_{lin}(x)$",
+        ylabel=r"fine-tuned $f_{FT}(x)$",
+        title=f"c = {lr_scales[index]:g}",
+    )
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
