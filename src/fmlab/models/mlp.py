@@ -1,7 +1,9 @@
 """A plain MLP and the masked-view predictor of Chapter 1.
 
-:class:`MaskedViewPredictor` is :math:`f_\\theta(x_A) = D\\,\\phi_\\theta(x_A)`: an MLP encoder
-:math:`\\phi_\\theta` (the "foundation model" whose output is the representation handed to
+:class:`MaskedViewPredictor` is :math:`f_\\theta(x_A) = D\\,\\phi_\\theta(x_A)`: an MLP
+encoder
+:math:`\\phi_\\theta` (the "foundation model" whose output is the representation handed
+to
 downstream tasks) followed by a linear decoder :math:`D` that predicts the hidden view.
 """
 
@@ -44,7 +46,7 @@ class MLP(nn.Module):
 
 
 class MaskedViewPredictor(nn.Module):
-    """Predict a hidden view ``x_B`` from a visible one ``x_A`` through a representation.
+    """Predict a hidden view ``x_B`` from a visible one ``x_A`` via a representation.
 
     Parameters
     ----------
