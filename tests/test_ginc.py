@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from fmlab import make_generator
+from fmlab import make_generator, seed_everything
 from fmlab.data.ginc import (
     DELIMITER,
     GINC,
@@ -326,7 +326,8 @@ def test_bayes_predictor_on_ginc_matches_brute_force(tiny):
 
 @pytest.mark.parametrize("eps", [0.0, 0.05])
 def test_sparse_forward_for_deterministic_emissions_matches_dense(tiny, eps):
-    """The dense recursion is checked against enumeration above; the sparse one against it."""
+    """The dense recursion is checked against enumeration above; the sparse one against
+    it."""
     pr = tiny.sample_prompts(50, 3, 4, make_generator(6))
     T = smooth_transitions(tiny.transition_matrices("all"), eps)
     mu = tiny.start_probs
@@ -369,7 +370,7 @@ def test_bayes_pretraining_loss_matches_exact_entropy(tiny):
 
 
 def test_lstm_is_causal_and_shaped():
-    torch.manual_seed(0)
+    seed_everything(0)
     m = LSTMLanguageModel(7, embed_dim=8, hidden_dim=16)
     x = torch.randint(7, (2, 6))
     y = x.clone()
@@ -380,7 +381,8 @@ def test_lstm_is_causal_and_shaped():
 
 
 class _BayesAsModel(nn.Module):
-    """A 'language model' whose last-position logits are the exact posterior predictive."""
+    """A 'language model' whose last-position logits are the exact posterior
+    predictive."""
 
     def __init__(self, world, eps):
         super().__init__()
@@ -418,7 +420,7 @@ def test_in_context_grid_with_the_bayes_predictor_as_model(tiny):
 
 
 def test_nested_prompts_reuse_the_lstm_state(tiny):
-    torch.manual_seed(1)
+    seed_everything(1)
     m = LSTMLanguageModel(tiny.config.vocab_size, embed_dim=4, hidden_dim=8).eval()
     full = tiny.sample_prompts(7, 4, 3, make_generator(7))
     nested = _nested_last_logits(m, full, (0, 1, 4))
@@ -436,11 +438,18 @@ def test_order_sensitivity_of_the_bayes_predictor_against_itself(tiny):
     assert res.model_changed == res.bayes_changed
 
 
-def test_pretraining_is_cached_and_reloads(tmp_path, monkeypatch, tiny):
+def test_lstm_pretraining_is_cached_and_reloads(tmp_path, monkeypatch, tiny):
     monkeypatch.setenv("FMLAB_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("FMLAB_PROGRESS", "0")
     cfg = GINCPretrainConfig(
-        world=tiny.config, width=8, embed_dim=4, steps=3, batch_size=4, window=16
+        world=tiny.config,
+        arch="lstm",
+        width=8,
+        embed_dim=4,
+        steps=3,
+        warmup=1,
+        batch_size=4,
+        window=16,
     )
     first = pretrain_ginc_lm(cfg)
     assert len(list(tmp_path.glob("ginc_lm-*.pt"))) == 1

@@ -1,13 +1,16 @@
 """Pretraining a small language model on GINC and measuring its in-context learning.
 
-:func:`pretrain_ginc_lm` trains a next-token model (an LSTM) on
-random windows of a GINC world's pretraining corpus and caches the result on disk by
-config hash (:func:`fmlab.cached`). :func:`in_context_grid` evaluates a trained model and
-the exact Bayes predictor (:func:`fmlab.theory.bayes_icl.ginc_bayes_predictor`) on the
-same prompts over a grid of example counts ``n`` and example lengths ``k``.
+:func:`pretrain_ginc_lm` trains a next-token model on random windows of a GINC world's
+pretraining corpus and caches the result on disk by config hash (:func:`fmlab.cached`).
+The model is a small causal transformer (:class:`fmlab.models.gpt.CausalLM`) or, for
+comparison, an LSTM (:class:`fmlab.models.lstm.LSTMLanguageModel`).
+:func:`in_context_grid` evaluates trained models and the exact Bayes predictor
+(:func:`fmlab.theory.bayes_icl.ginc_bayes_predictor`) on the same prompts over a grid
+of example counts ``n`` and example lengths ``k``.
 
-In-context **accuracy** is the fraction of prompts whose predicted next token (the argmax
-of the model's next-token distribution after the prompt) equals the prompt's label.
+In-context **accuracy** is the fraction of prompts whose predicted next token (the
+argmax of the model's next-token distribution after the prompt) equals the prompt's
+label.
 
 Used in Chapter 6 (``notebooks/06-in-context-learning.ipynb``).
 """
@@ -15,14 +18,24 @@ Used in Chapter 6 (``notebooks/06-in-context-learning.ipynb``).
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ._validate import check_choice, check_float, check_int, check_tensor
-from .data.ginc import DELIMITER, GINC, GINC_PRESETS, GINCConfig, Prompts
+from .data.ginc import (
+    DELIMITER,
+    GINC,
+    GINC_PRESETS,
+    GINCConfig,
+    Prompts,
+    prompt_length,
+)
+from .models.gpt import CausalLM, GPTConfig
 from .models.lstm import LSTMLanguageModel
 from .repro import make_generator, seed_everything
 from .theory.bayes_icl import ginc_bayes_predictor, prefix_log_likelihoods
@@ -31,36 +44,54 @@ from .train import cached, progress
 __all__ = [
     "GINCPretrainConfig",
     "build_model",
+    "lr_schedule",
     "pretrain_ginc_lm",
     "load_ginc_lm",
     "next_token_logits",
     "bayes_pretraining_loss",
     "ICLGrid",
     "in_context_grid",
+    "evaluate_in_context",
+    "gain_per_seed",
     "random_concept_accuracy",
     "OrderSensitivity",
     "order_sensitivity",
 ]
+
+_ARCHS = ("transformer", "lstm")
 
 
 @dataclass(frozen=True)
 class GINCPretrainConfig:
     """Everything that determines a pretrained GINC model (the cache key).
 
-    The model is an LSTM (:class:`fmlab.models.lstm.LSTMLanguageModel`) with ``width``
-    hidden units. Training: ``steps`` Adam steps on ``batch_size`` random windows of
-    ``window + 1`` tokens of the corpus, one-cycle learning rate peaking at ``lr``,
-    gradient norm clipped at 1.
+    ``arch = "transformer"``: a causal transformer (:class:`fmlab.models.gpt.CausalLM`)
+    of width ``width`` (the model dimension), ``n_layers`` blocks and ``n_heads``
+    heads, whose context window is ``window`` tokens. ``arch = "lstm"``: an LSTM
+    (:class:`fmlab.models.lstm.LSTMLanguageModel`) with ``width`` hidden units,
+    ``n_layers`` layers and token embeddings of size ``embed_dim``. ``dropout`` is the
+    dropout rate in training (see either model).
+
+    Training: ``steps`` AdamW steps (betas 0.9, 0.95, decoupled ``weight_decay`` on
+    the weight matrices) on ``batch_size`` random windows of ``window + 1`` tokens of
+    the corpus (the model reads ``window`` tokens and predicts each next one); the
+    learning rate rises linearly to ``lr`` over ``warmup`` steps and then follows a
+    cosine down to ``lr / 10`` (:func:`lr_schedule`); the gradient norm is clipped at 1.
     """
 
     world: GINCConfig = GINC_PRESETS["cpu"]
-    width: int = 256
-    n_layers: int = 1
+    arch: str = "transformer"
+    width: int = 128
+    n_layers: int = 2
+    n_heads: int = 4
+    dropout: float = 0.0
     embed_dim: int = 64
-    steps: int = 1000
-    batch_size: int = 32
-    window: int = 128
-    lr: float = 1e-2
+    steps: int = 800
+    batch_size: int = 64
+    window: int = 64
+    lr: float = 3e-3
+    warmup: int = 50
+    weight_decay: float = 0.0
     seed: int = 0
 
     def __post_init__(self):
@@ -68,29 +99,67 @@ class GINCPretrainConfig:
             raise TypeError(
                 f"world must be a GINCConfig, got {type(self.world).__name__}"
             )
+        check_choice("arch", self.arch, _ARCHS)
         check_int("width", self.width, minimum=1)
         check_int("n_layers", self.n_layers, minimum=1)
+        check_int("n_heads", self.n_heads, minimum=1)
+        if self.arch == "transformer" and self.width % self.n_heads:
+            raise ValueError(
+                f"width ({self.width}) must be divisible by n_heads ({self.n_heads})"
+            )
+        check_float("dropout", self.dropout, minimum=0.0, maximum=0.9)
         check_int("embed_dim", self.embed_dim, minimum=1)
         check_int("steps", self.steps, minimum=1)
         check_int("batch_size", self.batch_size, minimum=1)
         check_int("window", self.window, minimum=2)
         check_float("lr", self.lr, minimum=0.0, strict_min=True)
+        check_int("warmup", self.warmup, minimum=0, maximum=self.steps)
+        check_float("weight_decay", self.weight_decay, minimum=0.0)
         check_int("seed", self.seed, minimum=0)
+
+    @property
+    def tokens_seen(self) -> int:
+        """Number of next-token predictions made in training: steps x batch x window."""
+        return self.steps * self.batch_size * self.window
 
 
 def build_model(cfg: GINCPretrainConfig) -> nn.Module:
     """A freshly initialised model for ``cfg`` (seeded by ``cfg.seed``)."""
     if not isinstance(cfg, GINCPretrainConfig):
         raise TypeError(f"cfg must be a GINCPretrainConfig, got {type(cfg).__name__}")
+    if cfg.arch == "transformer":
+        shape = GPTConfig(
+            vocab_size=cfg.world.vocab_size,
+            max_len=cfg.window,
+            d_model=cfg.width,
+            n_layers=cfg.n_layers,
+            n_heads=cfg.n_heads,
+            dropout=cfg.dropout,
+        )
+        return CausalLM(shape, seed=cfg.seed)
     seed_everything(
         cfg.seed
-    )  # the LSTM's default initialisation draws from the global stream
+    )  # the LSTM's default initialisation uses the global stream
     return LSTMLanguageModel(
         cfg.world.vocab_size,
         embed_dim=cfg.embed_dim,
         hidden_dim=cfg.width,
         n_layers=cfg.n_layers,
+        dropout=cfg.dropout,
     )
+
+
+def lr_schedule(step: int, *, steps: int, warmup: int, floor: float = 0.1) -> float:
+    """The learning-rate multiplier at ``step`` (0-based): linear warm-up over
+    ``warmup`` steps to 1, then a cosine from 1 down to ``floor`` at the last step."""
+    steps = check_int("steps", steps, minimum=1)
+    warmup = check_int("warmup", warmup, minimum=0, maximum=steps)
+    step = check_int("step", step, minimum=0, maximum=steps - 1)
+    floor = check_float("floor", floor, minimum=0.0, maximum=1.0)
+    if step < warmup:
+        return (step + 1) / warmup
+    progress_ = (step - warmup) / max(1, steps - 1 - warmup)
+    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress_))
 
 
 def _windows(corpus: torch.Tensor, starts: torch.Tensor, length: int) -> torch.Tensor:
@@ -103,21 +172,35 @@ def _train(cfg: GINCPretrainConfig) -> dict:
     corpus = world.pretraining_corpus()
     if len(corpus) <= cfg.window + 1:
         raise ValueError(
-            f"the corpus ({len(corpus)} tokens) is shorter than window + 1 = {cfg.window + 1}"
+            f"the corpus ({len(corpus)} tokens) is shorter than window + 1 = "
+            f"{cfg.window + 1}"
         )
     model = build_model(cfg)
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    sched = torch.optim.lr_scheduler.OneCycleLR(
-        opt, max_lr=cfg.lr, total_steps=cfg.steps, pct_start=0.1
+    matrices = [p for p in model.parameters() if p.ndim >= 2]
+    others = [p for p in model.parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW(
+        [
+            {"params": matrices, "weight_decay": cfg.weight_decay},
+            {"params": others, "weight_decay": 0.0},
+        ],
+        lr=cfg.lr,
+        betas=(0.9, 0.95),
+    )
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt,
+        lambda s: lr_schedule(
+            min(s, cfg.steps - 1), steps=cfg.steps, warmup=cfg.warmup
+        ),
     )
     g = make_generator(cfg.seed + 10_000)
     V = cfg.world.vocab_size
     losses = torch.empty(cfg.steps)
     model.train()
+    start = time.process_time()
     for step in progress(
         range(cfg.steps),
         total=cfg.steps,
-        desc=f"pretraining LSTM-{cfg.width} (seed {cfg.seed})",
+        desc=f"pretraining a {cfg.arch} on GINC (seed {cfg.seed})",
     ):
         x = _windows(
             corpus,
@@ -133,6 +216,7 @@ def _train(cfg: GINCPretrainConfig) -> dict:
         opt.step()
         sched.step()
         losses[step] = loss.detach()
+    cpu_seconds = time.process_time() - start
     model.eval()
     # validation: fresh documents from the seen concepts, scored from their first token
     docs = world.sample_documents(
@@ -147,14 +231,18 @@ def _train(cfg: GINCPretrainConfig) -> dict:
         "state_dict": {k: v.detach().clone() for k, v in model.state_dict().items()},
         "losses": losses,
         "val_loss": val,
+        "cpu_seconds": cpu_seconds,
     }
 
 
 def pretrain_ginc_lm(cfg: GINCPretrainConfig) -> dict:
     """Train (or load from the on-disk cache) the model of ``cfg``.
 
-    Returns a dict with ``state_dict``, the training ``losses`` per step and ``val_loss``,
-    the mean next-token cross-entropy on 256 fresh documents of ``window + 1`` tokens.
+    Returns a dict with ``state_dict``, the training ``losses`` per step, ``val_loss``
+    (the mean next-token cross-entropy on 256 fresh documents of ``window + 1`` tokens,
+    scored from their first token) and ``cpu_seconds``, the CPU time the training loop
+    took when the entry was made (a machine-dependent measurement, stored so that a
+    cached run reports the same number).
     """
     if not isinstance(cfg, GINCPretrainConfig):
         raise TypeError(f"cfg must be a GINCPretrainConfig, got {type(cfg).__name__}")
@@ -172,7 +260,8 @@ def load_ginc_lm(cfg: GINCPretrainConfig) -> nn.Module:
 def next_token_logits(
     model: nn.Module, tokens: torch.Tensor, batch_size: int = 1024
 ) -> torch.Tensor:
-    """The model's next-token logits after each prompt: ``(B, T)`` tokens to ``(B, V)``."""
+    """The model's next-token logits after each prompt: tokens ``(B, T)`` to logits
+    ``(B, V)``."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     tokens = check_tensor("tokens", tokens, ndim=2, integer=True)
@@ -191,9 +280,10 @@ def bayes_pretraining_loss(
 ) -> float:
     """The smallest possible next-token cross-entropy on documents of ``length`` tokens.
 
-    The mean over positions 2..``length`` of :math:`-\\log p(o_{t}\\mid o_{1:t-1})` under the
-    exact pretraining mixture (no smoothing), on ``n_documents`` fresh documents; the
-    reference line for :func:`pretrain_ginc_lm`'s ``val_loss`` (same positions).
+    The mean over positions 2..``length`` of :math:`-\\log p(o_{t}\\mid o_{1:t-1})`
+    under the exact pretraining mixture (no smoothing), on ``n_documents`` fresh
+    documents; the reference line for :func:`pretrain_ginc_lm`'s ``val_loss`` (same
+    positions).
     """
     if not isinstance(world, GINC):
         raise TypeError(f"world must be a GINC, got {type(world).__name__}")
@@ -217,8 +307,8 @@ def bayes_pretraining_loss(
 def _nested_last_logits(model: nn.Module, full: Prompts, ns) -> dict:
     """Next-token logits after ``full.with_examples(n)`` for every ``n`` in ``ns``.
 
-    A model with ``forward_with_state`` (the LSTM) reads the shared prefix of examples once
-    and continues from the saved state; any other model reads every prompt in full.
+    A model with ``forward_with_state`` (the LSTM) reads the shared prefix of examples
+    once and continues from the saved state; any other model reads every prompt in full.
     """
     if not hasattr(model, "forward_with_state"):
         return {n: next_token_logits(model, full.with_examples(n).tokens) for n in ns}
@@ -239,17 +329,20 @@ def _nested_last_logits(model: nn.Module, full: Prompts, ns) -> dict:
 
 @dataclass
 class ICLGrid:
-    r"""In-context results on a grid of ``ns`` x ``ks``; every array is indexed ``[i_n, i_k]``.
+    r"""In-context results on a grid of ``ns`` x ``ks``; arrays are indexed ``[i_n,
+    i_k]``.
 
-    ``bayes_accuracy`` is the accuracy of the Bayes predictor, ``true_posterior`` the mean
-    Bayes posterior of the prompt concept (NaN when it is outside the prior),
-    ``bayes_impossible`` the fraction of prompts with probability zero under every concept
-    of the prior (possible only when ``epsilon = 0``; they count as errors). For every
-    model name, ``accuracy[name]`` is its accuracy, ``agreement[name]`` the fraction of
-    prompts where it predicts the same token as the Bayes predictor, and
+    ``bayes_accuracy`` is the accuracy of the Bayes predictor, ``true_posterior`` the
+    mean Bayes posterior of the prompt concept (NaN when it is outside the prior),
+    ``bayes_impossible`` the fraction of prompts with probability zero under every
+    concept of the prior (possible only when ``epsilon = 0``; they count as errors).
+    For every model name, ``accuracy[name]`` is its accuracy, ``agreement[name]`` the
+    fraction of prompts where it predicts the same token as the Bayes predictor, and
     ``chance_agreement[name]`` the agreement expected if the two predictions were
-    independent with the same marginals, :math:`\sum_v \hat p_{\text{model}}(v)\,\hat p_{\text{Bayes}}(v)`.
-    ``predictions[(n, k)]`` keeps the labels and raw predictions.
+    independent with the same marginals,
+    :math:`\sum_v \hat p_{\text{model}}(v)\,\hat p_{\text{Bayes}}(v)`; they are NaN
+    at the ``k`` where the model was not evaluated. ``predictions[(n, k)]`` keeps the
+    labels, concepts and raw predictions.
     """
 
     ns: tuple
@@ -261,6 +354,40 @@ class ICLGrid:
     agreement: dict = field(default_factory=dict)
     chance_agreement: dict = field(default_factory=dict)
     predictions: dict = field(default_factory=dict, repr=False)
+
+    def as_dict(self) -> dict:
+        """The grid as plain dicts, lists and tensors (what the on-disk cache
+        stores)."""
+        return {
+            "ns": list(self.ns),
+            "ks": list(self.ks),
+            "bayes_accuracy": self.bayes_accuracy,
+            "true_posterior": self.true_posterior,
+            "bayes_impossible": self.bayes_impossible,
+            "accuracy": dict(self.accuracy),
+            "agreement": dict(self.agreement),
+            "chance_agreement": dict(self.chance_agreement),
+            "predictions": {f"{n},{k}": v for (n, k), v in self.predictions.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ICLGrid":
+        """The inverse of :meth:`as_dict`."""
+        preds = {}
+        for key, v in d["predictions"].items():
+            n, k = (int(x) for x in key.split(","))
+            preds[(n, k)] = v
+        return cls(
+            tuple(d["ns"]),
+            tuple(d["ks"]),
+            d["bayes_accuracy"],
+            d["true_posterior"],
+            d["bayes_impossible"],
+            dict(d["accuracy"]),
+            dict(d["agreement"]),
+            dict(d["chance_agreement"]),
+            preds,
+        )
 
 
 def in_context_grid(
@@ -274,17 +401,22 @@ def in_context_grid(
     epsilon: float,
     concepts: str = "seen",
     prior_concepts: str = "seen",
+    model_ks=None,
 ) -> ICLGrid:
     """Evaluate models and the Bayes predictor on the same fresh prompts.
 
-    For every ``k`` in ``ks``, ``n_prompts`` prompts with ``max(ns)`` examples are drawn from
-    ``concepts`` (``"seen"`` or ``"unseen"``) with a generator seeded by ``seed`` and ``k``;
-    the prompt with ``n`` examples keeps the first ``n`` of them and the same test example
-    (:meth:`fmlab.data.ginc.Prompts.with_examples`), so the curves over ``n`` are paired.
-    The Bayes predictor has smoothing ``epsilon`` and a uniform prior over
-    ``prior_concepts`` (``"seen"``, the pretraining distribution, or ``"all"``).
+    For every ``k`` in ``ks``, ``n_prompts`` prompts with ``max(ns)`` examples are drawn
+    from ``concepts`` (``"seen"`` or ``"unseen"``) with a generator seeded by ``seed``
+    and ``k``; the prompt with ``n`` examples keeps the first ``n`` of them and the same
+    test example (:meth:`fmlab.data.ginc.Prompts.with_examples`), so the curves over
+    ``n`` are paired. The Bayes predictor has smoothing ``epsilon`` and a uniform prior
+    over ``prior_concepts`` (``"seen"``, the pretraining distribution, or ``"all"``).
 
     ``models`` is a dict name -> model (or None / empty for the Bayes predictor only).
+    The models are evaluated at the ``k`` in ``model_ks`` (default: every ``k``), and
+    every prompt they read must fit their context window (a model with a
+    ``context_window`` attribute, such as :class:`fmlab.models.gpt.CausalLM`);
+    otherwise a ``ValueError`` says which prompt is too long.
     """
     models = {} if models is None else models
     if not isinstance(models, dict) or not all(
@@ -297,10 +429,23 @@ def in_context_grid(
     ks = tuple(check_int("ks", k, minimum=2) for k in ks)
     if not ns or not ks:
         raise ValueError("ns and ks must be non-empty")
+    model_ks = ks if model_ks is None else tuple(model_ks)
+    if not set(model_ks) <= set(ks):
+        raise ValueError(f"model_ks must be a subset of ks {ks}, got {model_ks}")
     n_prompts = check_int("n_prompts", n_prompts, minimum=1)
     seed = check_int("seed", seed, minimum=0)
     check_choice("concepts", concepts, ("seen", "unseen"))
     check_choice("prior_concepts", prior_concepts, ("seen", "all"))
+    if models and model_ks:
+        longest = max(prompt_length(max(ns), k) for k in model_ks)
+        for name, model in models.items():
+            window = getattr(model, "context_window", None)
+            if window is not None and longest > window:
+                raise ValueError(
+                    f"ns and ks: the longest prompt has {longest} tokens, more than "
+                    f"the context window of model {name!r} ({window}); evaluate only "
+                    "prompts that fit the window the model was trained on"
+                )
     shape = (len(ns), len(ks))
     grid = ICLGrid(
         ns,
@@ -320,8 +465,10 @@ def in_context_grid(
             make_generator(seed * 1_000_003 + k),
             concepts=concepts,
         )
+        evaluated = models if k in model_ks else {}
         last_logits = {
-            name: _nested_last_logits(model, full, ns) for name, model in models.items()
+            name: _nested_last_logits(model, full, ns)
+            for name, model in evaluated.items()
         }
         for i, n in enumerate(ns):
             pr = full.with_examples(n)
@@ -333,14 +480,13 @@ def in_context_grid(
                 ((b == pr.labels) & ~bayes.impossible).double().mean()
             )
             grid.bayes_impossible[i, j] = bayes.impossible.double().mean()
-            hit = prior_idx.unsqueeze(0) == pr.concepts.unsqueeze(
-                1
-            )  # (B, C): where c* sits in the prior
+            # (B, C): where the prompt concept sits in the prior
+            hit = prior_idx.unsqueeze(0) == pr.concepts.unsqueeze(1)
             if bool(hit.any(1).all()):
                 grid.true_posterior[i, j] = (bayes.posterior * hit).sum(1).mean()
             entry = {"labels": pr.labels, "bayes": b, "concepts": pr.concepts}
             pb = torch.bincount(b, minlength=V).double() / n_prompts
-            for name, model in models.items():
+            for name in evaluated:
                 m = last_logits[name][n].argmax(1)
                 grid.accuracy[name][i, j] = (m == pr.labels).double().mean()
                 grid.agreement[name][i, j] = (m == b).double().mean()
@@ -351,11 +497,118 @@ def in_context_grid(
     return grid
 
 
+@dataclass(frozen=True)
+class _EvaluationKey:
+    model: GINCPretrainConfig
+    ns: tuple
+    ks: tuple
+    model_ks: tuple
+    seeds: tuple
+    n_prompts: int
+    epsilon: float
+    concepts: str
+    version: int = 1
+
+
+def evaluate_in_context(
+    cfg: GINCPretrainConfig,
+    ns,
+    ks,
+    *,
+    seeds,
+    n_prompts: int,
+    epsilon: float,
+    concepts: str = "seen",
+    model_ks=None,
+) -> list:
+    """:func:`in_context_grid` of the pretrained model of ``cfg`` (named ``cfg.arch``)
+    and the Bayes predictor, once per evaluation seed, cached on disk.
+
+    The world is ``GINC(cfg.world)``. Returns one :class:`ICLGrid` per seed in
+    ``seeds``. Like the trained model, the grids are kept in the cache
+    (:func:`fmlab.cached`), keyed by ``cfg``, the evaluation arguments and the seed
+    offset, so a rerun with the model cached does not evaluate again; a clean run
+    computes the same numbers.
+    """
+    if not isinstance(cfg, GINCPretrainConfig):
+        raise TypeError(f"cfg must be a GINCPretrainConfig, got {type(cfg).__name__}")
+    seeds = tuple(check_int("seeds", s, minimum=0) for s in seeds)
+    if not seeds:
+        raise ValueError("seeds must be non-empty")
+    check_choice("concepts", concepts, ("seen", "unseen"))
+    key = _EvaluationKey(
+        cfg,
+        tuple(int(n) for n in ns),
+        tuple(int(k) for k in ks),
+        tuple(int(k) for k in (ks if model_ks is None else model_ks)),
+        seeds,
+        check_int("n_prompts", n_prompts, minimum=1),
+        check_float("epsilon", epsilon, minimum=0.0, maximum=1.0),
+        concepts,
+    )
+
+    def build() -> dict:
+        world = GINC(cfg.world)
+        models = {cfg.arch: load_ginc_lm(cfg)} if key.model_ks else {}
+        grids = [
+            in_context_grid(
+                models,
+                world,
+                key.ns,
+                key.ks,
+                n_prompts=key.n_prompts,
+                seed=s,
+                epsilon=key.epsilon,
+                concepts=key.concepts,
+                model_ks=key.model_ks,
+            ).as_dict()
+            for s in progress(seeds, total=len(seeds), desc="in-context evaluation")
+        ]
+        return {"grids": grids}
+
+    return [ICLGrid.from_dict(d) for d in cached(key, build, name="ginc_icl")["grids"]]
+
+
+def gain_per_seed(
+    grids, k: int, *, name: str | None = None, n_from: int = 0, n_to: int | None = None
+) -> np.ndarray:
+    """Per-seed paired gain in accuracy from ``n_from`` to ``n_to`` examples at length
+    ``k``.
+
+    ``grids`` is a list of :class:`ICLGrid` (one per evaluation seed) with the same
+    ``ns`` and ``ks``; ``name`` selects a model (``None``: the Bayes predictor);
+    ``n_to`` defaults to the largest ``n``. Returns one number per grid: accuracy at
+    ``n_to`` minus accuracy at ``n_from``, on the same test examples.
+    """
+    if isinstance(grids, ICLGrid):
+        grids = [grids]
+    if not grids or not all(isinstance(g, ICLGrid) for g in grids):
+        raise TypeError("grids must be a non-empty list of ICLGrid")
+    ns, ks = grids[0].ns, grids[0].ks
+    if any(g.ns != ns or g.ks != ks for g in grids):
+        raise ValueError("grids must all have the same ns and ks")
+    k = check_int("k", k, minimum=2)
+    if k not in ks:
+        raise ValueError(f"k must be one of the grids' ks {ks}, got {k}")
+    n_to = max(ns) if n_to is None else n_to
+    for arg, n in (("n_from", n_from), ("n_to", n_to)):
+        if check_int(arg, n, minimum=0) not in ns:
+            raise ValueError(f"{arg} must be one of the grids' ns {ns}, got {n}")
+    if name is not None and name not in grids[0].accuracy:
+        raise ValueError(
+            f"name must be one of the grids' models {list(grids[0].accuracy)}, "
+            f"got {name!r}"
+        )
+    i0, i1, j = ns.index(n_from), ns.index(n_to), ks.index(k)
+    acc = [g.bayes_accuracy if name is None else g.accuracy[name] for g in grids]
+    return np.array([float(a[i1, j] - a[i0, j]) for a in acc])
+
+
 def random_concept_accuracy(world: GINC, prompts: Prompts) -> float:
-    r"""Accuracy of a learner that knows every pretraining HMM exactly but picks the concept
-    at random: the mean over seen concepts :math:`c` of the fraction of prompts whose label
-    equals :math:`\arg\max_v p(o_k = v \mid \text{test input}, c)`. The chance level for
-    prompts from unseen concepts.
+    r"""Accuracy of a learner that knows every pretraining HMM exactly but picks the
+    concept at random: the mean over seen concepts :math:`c` of the fraction of prompts
+    whose label equals :math:`\arg\max_v p(o_k = v \mid \text{test input}, c)`. The
+    chance level for prompts from unseen concepts.
     """
     if not isinstance(world, GINC):
         raise TypeError(f"world must be a GINC, got {type(world).__name__}")
@@ -378,11 +631,12 @@ def random_concept_accuracy(world: GINC, prompts: Prompts) -> float:
 
 @dataclass(frozen=True)
 class OrderSensitivity:
-    """Predictions of a model and of the Bayes predictor under every order of the examples.
+    """Predictions of a model and of the Bayes predictor under every order of the
+    examples.
 
-    ``orders`` lists the permutations; ``model_accuracy`` and ``bayes_accuracy`` hold one
-    accuracy per order; ``model_changed`` and ``bayes_changed`` are the fractions of prompts
-    whose prediction is not the same under every order.
+    ``orders`` lists the permutations; ``model_accuracy`` and ``bayes_accuracy`` hold
+    one accuracy per order; ``model_changed`` and ``bayes_changed`` are the fractions of
+    prompts whose prediction is not the same under every order.
     """
 
     orders: list
@@ -399,9 +653,9 @@ def order_sensitivity(
     epsilon: float,
     max_orders: int = 24,
 ) -> OrderSensitivity:
-    """Evaluate ``model`` and the Bayes predictor on ``prompts`` with the in-context examples
-    permuted (the first ``max_orders`` permutations in lexicographic order; the test
-    example stays last)."""
+    """Evaluate ``model`` and the Bayes predictor on ``prompts`` with the in-context
+    examples permuted (the first ``max_orders`` permutations in lexicographic order; the
+    test example stays last)."""
     import itertools
 
     if not isinstance(model, nn.Module):
@@ -412,7 +666,8 @@ def order_sensitivity(
         raise TypeError(f"prompts must be Prompts, got {type(prompts).__name__}")
     if prompts.n_examples < 2:
         raise ValueError(
-            f"prompts must hold at least 2 in-context examples, got {prompts.n_examples}"
+            "prompts must hold at least 2 in-context examples, got "
+            f"{prompts.n_examples}"
         )
     max_orders = check_int("max_orders", max_orders, minimum=1)
     orders = list(
