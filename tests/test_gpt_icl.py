@@ -202,4 +202,4 @@ def test_pretrain_config_validates_its_arguments():
         GINCPretrainConfig(width=30, n_heads=4)
     with pytest.raises(ValueError, match="warmup"):
         GINCPretrainConfig(steps=10, warmup=11)
-    assert GINCPretrainConfig().tokens_seen == 800 * 64 * 64
+    assert GINCPretrainConfig().tokens_seen == 1300 * 64 * 64

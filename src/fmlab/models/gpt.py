@@ -44,9 +44,11 @@ class GPTConfig:
     """Shape of a :class:`CausalLM`.
 
     ``max_len`` is the longest sequence the model reads (its context window): the
-    positional embedding has one row per position. ``dropout`` is applied, in training
-    mode only, to the embeddings, the attention weights and the output of every
-    attention and MLP sublayer, as in GPT-2 (whose default is 0.1).
+    positional embedding has one row per position. In training mode only, ``dropout``
+    is applied to the embeddings and to the output of every attention and MLP
+    sublayer, and ``attention_dropout`` to the attention weights, as in GPT-2 (whose
+    defaults are 0.1 for both). On a CPU, attention dropout makes PyTorch leave its
+    fused attention kernel for a much slower one.
     """
 
     vocab_size: int
@@ -56,6 +58,7 @@ class GPTConfig:
     n_heads: int = 4
     mlp_ratio: int = 4
     dropout: float = 0.0
+    attention_dropout: float = 0.0
 
     def __post_init__(self):
         check_int("vocab_size", self.vocab_size, minimum=2)
@@ -65,6 +68,9 @@ class GPTConfig:
         check_int("n_heads", self.n_heads, minimum=1)
         check_int("mlp_ratio", self.mlp_ratio, minimum=1)
         check_float("dropout", self.dropout, minimum=0.0, maximum=0.9)
+        check_float(
+            "attention_dropout", self.attention_dropout, minimum=0.0, maximum=0.9
+        )
         if self.d_model % self.n_heads:
             raise ValueError(
                 f"d_model ({self.d_model}) must be divisible by n_heads "
@@ -90,10 +96,17 @@ class _CausalSelfAttention(nn.Module):
 
 
 class _Block(nn.Module):
-    def __init__(self, d_model: int, n_heads: int, mlp_ratio: int, dropout: float):
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        mlp_ratio: int,
+        dropout: float,
+        attention_dropout: float,
+    ):
         super().__init__()
         self.ln1 = nn.LayerNorm(d_model)
-        self.attn = _CausalSelfAttention(d_model, n_heads, dropout)
+        self.attn = _CausalSelfAttention(d_model, n_heads, attention_dropout)
         self.ln2 = nn.LayerNorm(d_model)
         self.fc = nn.Linear(d_model, mlp_ratio * d_model)
         self.out = nn.Linear(mlp_ratio * d_model, d_model)
@@ -130,7 +143,13 @@ class CausalLM(nn.Module):
             self.pos = nn.Embedding(c.max_len, c.d_model)
             self.blocks = nn.ModuleList(
                 [
-                    _Block(c.d_model, c.n_heads, c.mlp_ratio, c.dropout)
+                    _Block(
+                        c.d_model,
+                        c.n_heads,
+                        c.mlp_ratio,
+                        c.dropout,
+                        c.attention_dropout,
+                    )
                     for _ in range(c.n_layers)
                 ]
             )
