@@ -16,6 +16,7 @@ from fmlab.data.ginc import GINC, assemble_prompts, ginc_preset, prompt_length
 from fmlab.icl import (
     GINCPretrainConfig,
     build_model,
+    evaluate_in_context,
     gain_per_seed,
     in_context_grid,
     load_ginc_lm,
@@ -203,3 +204,52 @@ def test_pretrain_config_validates_its_arguments():
     with pytest.raises(ValueError, match="warmup"):
         GINCPretrainConfig(steps=10, warmup=11)
     assert GINCPretrainConfig().tokens_seen == 1300 * 64 * 64
+
+
+def test_evaluation_is_cached_and_round_trips(tmp_path, monkeypatch, tiny):
+    monkeypatch.setenv("FMLAB_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("FMLAB_PROGRESS", "0")
+    cfg = GINCPretrainConfig(
+        world=tiny.config,
+        width=8,
+        n_heads=2,
+        steps=3,
+        warmup=1,
+        batch_size=4,
+        window=12,
+    )
+    kw = dict(seeds=(1, 2), n_prompts=15, epsilon=0.1)
+    first = evaluate_in_context(cfg, (0, 2), (3,), **kw)
+    assert len(list(tmp_path.glob("ginc_icl-*.pt"))) == 1
+    again = evaluate_in_context(cfg, (0, 2), (3,), **kw)
+    direct = in_context_grid(
+        {"transformer": load_ginc_lm(cfg)},
+        tiny,
+        (0, 2),
+        (3,),
+        n_prompts=15,
+        seed=2,
+        epsilon=0.1,
+    )
+    for a, b in ((first[1], again[1]), (first[1], direct)):
+        assert torch.equal(a.bayes_accuracy, b.bayes_accuracy)
+        assert torch.equal(a.accuracy["transformer"], b.accuracy["transformer"])
+        assert all(
+            torch.equal(
+                a.predictions[key]["transformer"], b.predictions[key]["transformer"]
+            )
+            for key in a.predictions
+        )
+    bayes_only = evaluate_in_context(cfg, (0, 1), (4,), model_ks=(), **kw)
+    assert bayes_only[0].accuracy == {} and bayes_only[0].ks == (4,)
+    with pytest.raises(ValueError, match="model_ks"):
+        in_context_grid(
+            {"t": load_ginc_lm(cfg)},
+            tiny,
+            (0,),
+            (3,),
+            n_prompts=2,
+            seed=0,
+            epsilon=0.1,
+            model_ks=(5,),
+        )
