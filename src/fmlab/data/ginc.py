@@ -337,9 +337,9 @@ class GINC:
     def emission_matrix(self) -> torch.Tensor:
         """The one-hot emission matrix :math:`O_{hv} = [M_h = v]`, shape ``(H, V)``,
         float64."""
-        O = torch.zeros(self.n_states, self.config.vocab_size, dtype=torch.float64)
-        O[torch.arange(self.n_states), self.state_tokens] = 1.0
-        return O
+        emit = torch.zeros(self.n_states, self.config.vocab_size, dtype=torch.float64)
+        emit[torch.arange(self.n_states), self.state_tokens] = 1.0
+        return emit
 
     def transition_matrices(self, concepts=None) -> torch.Tensor:
         """:math:`T_c = A \\otimes B^{(c)}` for the given concepts, shape
@@ -497,13 +497,13 @@ class GINC:
         init.scatter_(2, idx.unsqueeze(1), 1.0 / E)
         probs = torch.empty(B, self.config.vocab_size, dtype=torch.float64)
         T_all = self.transition_matrices("all")
-        O = self.emission_matrix()
+        emit = self.emission_matrix()
         for (
             cc
         ) in concepts.unique().tolist():  # a handful of concepts: one batched pass each
             rows = (concepts == cc).nonzero().squeeze(1)
             probs[rows] = next_token_distribution(
-                inputs[rows], T_all[cc : cc + 1], O, init[rows]
+                inputs[rows], T_all[cc : cc + 1], emit, init[rows]
             )[:, 0]
         return probs.argmax(1)
 

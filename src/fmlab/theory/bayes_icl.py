@@ -342,8 +342,8 @@ def ginc_bayes_predictor(
     epsilon = check_float("epsilon", epsilon, minimum=0.0, maximum=1.0)
     idx = world.concept_indices(concepts)
     T = smooth_transitions(world.transition_matrices(idx), epsilon).to(dtype)
-    O = world.emission_matrix().to(dtype)
-    tokens, T, O3, mu = _check_hmm(tokens, T, O, world.start_probs[idx].to(dtype))
+    emit = world.emission_matrix().to(dtype)
+    tokens, T, O3, mu = _check_hmm(tokens, T, emit, world.start_probs[idx].to(dtype))
     la = forward_log_alpha_deterministic(tokens, T, world.state_tokens, mu).permute(
         1, 0, 2
     )  # (C, B, H)
