@@ -3,6 +3,7 @@ fmlab.icl around it. Oracles: attention written out by hand with an explicit cau
 mask, perturbation of future tokens, the closed form of the learning-rate schedule,
 and accuracies recomputed from the stored predictions."""
 
+import itertools
 import math
 from dataclasses import replace
 
@@ -12,10 +13,17 @@ import torch
 from torch.nn import functional as F
 
 from fmlab import make_generator, seed_everything
-from fmlab.data.ginc import GINC, assemble_prompts, ginc_preset, prompt_length
+from fmlab.data.ginc import (
+    DELIMITER,
+    GINC,
+    assemble_prompts,
+    ginc_preset,
+    prompt_length,
+)
 from fmlab.icl import (
     GINCPretrainConfig,
     build_model,
+    document_losses,
     evaluate_in_context,
     gain_per_seed,
     in_context_grid,
@@ -23,8 +31,10 @@ from fmlab.icl import (
     lr_schedule,
     next_token_logits,
     pretrain_ginc_lm,
+    prompt_example_losses,
 )
 from fmlab.models.gpt import CausalLM, GPTConfig
+from fmlab.theory.bayes_icl import ginc_bayes_predictor
 
 
 @pytest.fixture(scope="module")
@@ -253,3 +263,121 @@ def test_evaluation_is_cached_and_round_trips(tmp_path, monkeypatch, tiny):
             epsilon=0.1,
             model_ks=(5,),
         )
+
+
+# -- the per-position diagnostic ------------------------------------------------------
+
+
+class _FixedLM(torch.nn.Module):
+    """A 'language model' whose next-token law ignores the context: log-probabilities
+    ``logp`` (V,) at every position."""
+
+    def __init__(self, logp: torch.Tensor):
+        super().__init__()
+        self.register_buffer("logp", logp.float())
+
+    def forward(self, tokens):
+        return self.logp.expand(*tokens.shape, -1)
+
+
+def _brute_mixture(tokens, T, emit, mu):
+    """p(o_{1:t} | c) summed over all hidden paths: (B, C)."""
+    B, t = tokens.shape
+    C, H, _ = T.shape
+    out = torch.zeros(B, C, dtype=torch.float64)
+    for b in range(B):
+        for c in range(C):
+            for path in itertools.product(range(H), repeat=t):
+                p = mu[c, path[0]] * emit[path[0], tokens[b, 0]]
+                for s in range(1, t):
+                    p = p * T[c, path[s - 1], path[s]] * emit[path[s], tokens[b, s]]
+                out[b, c] += p
+    return out
+
+
+def test_document_losses_match_enumeration_and_a_fixed_model():
+    # a tiny world whose entities move (in the preset's world they never do)
+    tiny = GINC(ginc_preset("tiny", entity_stickiness=0.5, seed=5))
+    L, n_docs, seed = 4, 6, 3
+    V = tiny.config.vocab_size
+    q = torch.softmax(torch.arange(V, dtype=torch.float64) / 3, 0)
+    res = document_losses(
+        _FixedLM(q.log()), tiny, L, n_documents=n_docs, seed=seed, skip=2
+    )
+    docs = tiny.sample_documents(n_docs, L, make_generator(seed))  # the same draw
+    seen = tiny.seen_concepts
+    T, emit, mu = (
+        tiny.transition_matrices(seen),
+        tiny.emission_matrix(),
+        tiny.start_probs,
+    )
+    joint = [
+        _brute_mixture(docs.tokens[:, :t], T, emit, mu[seen]) for t in range(1, L + 1)
+    ]
+    mix = torch.stack([j.mean(1).log() for j in joint], 1)  # (B, L)
+    own = torch.stack([j[torch.arange(n_docs), docs.concepts].log() for j in joint], 1)
+    assert res.bayes.shape == res.oracle.shape == res.model.shape == (L - 1,)
+    assert torch.allclose(res.bayes, -(mix[:, 1:] - mix[:, :-1]).mean(0), rtol=1e-9)
+    assert torch.allclose(res.oracle, -(own[:, 1:] - own[:, :-1]).mean(0), rtol=1e-9)
+    expect = -q.log()[docs.tokens[:, 1:]].mean(0)
+    assert torch.allclose(res.model, expect, rtol=1e-5)
+    m = res.mean(2, 3)  # positions 2..3: the first two entries
+    assert m["bayes"] == pytest.approx(float(res.bayes[:2].mean()))
+    with pytest.raises(ValueError, match="last"):
+        res.mean(3, 2)
+    # entity changes, counted by hand from the hidden states (skip = 2: predictions
+    # of tokens 3 and 4, 1-based)
+    ent = (docs.states // tiny.config.n_properties).tolist()
+    after, steady = [], []
+    for b in range(n_docs):
+        for t in (2, 3):  # 0-based index of the predicted token
+            loss = -q.log()[docs.tokens[b, t]].item()
+            if ent[b][t - 1] != ent[b][t - 2]:
+                after.append(loss)
+            if ent[b][t] == ent[b][t - 1] == ent[b][t - 2]:
+                steady.append(loss)
+    assert after and steady
+    for got, want in ((res.after_change, after), (res.steady, steady)):
+        assert got["share"] == pytest.approx(len(want) / (2 * n_docs))
+        assert got["model"] == pytest.approx(sum(want) / len(want), rel=1e-5)
+
+
+def test_prompt_example_losses_against_the_predictor_and_token_counts(tiny):
+    n, k, B, seed, eps = 2, 3, 5, 7, 0.05
+    V = tiny.config.vocab_size
+    # delimiter with probability 1/2, every other token 1 / (2 (V - 1))
+    logp = torch.full((V,), math.log(0.5 / (V - 1)), dtype=torch.float64)
+    logp[DELIMITER] = math.log(0.5)
+    res = prompt_example_losses(
+        _FixedLM(logp), tiny, n, k, n_prompts=B, seed=seed, epsilon=eps
+    )
+    pr = tiny.sample_prompts(B, n, k, make_generator(seed))
+    full = torch.cat([pr.tokens, pr.examples[:, -1, -1:]], 1)
+    assert full.shape[1] == (n + 1) * (k + 1) - 1
+    # the Bayes losses from the posterior predictive after every prefix (the sparse
+    # forward algorithm of ginc_bayes_predictor, a separate code path)
+    per_token = torch.stack(
+        [
+            -ginc_bayes_predictor(tiny, full[:, :t], eps)
+            .predictive.gather(1, full[:, t : t + 1])
+            .squeeze(1)
+            .log()
+            for t in range(1, full.shape[1])
+        ],
+        1,
+    )  # (B, L - 1), entry t - 1 predicts token t
+    for i in range(n + 1):
+        cols = [i * (k + 1) + j - 1 for j in range(1, k)]  # tokens 2..k of example i
+        assert res.bayes[i].item() == pytest.approx(per_token[:, cols].mean().item())
+        ex = pr.examples[:, i, 1:]
+        expect = -logp[ex].mean().item()
+        assert res.model[i].item() == pytest.approx(expect, rel=1e-5)
+    # boundary tokens: n delimiters (log 2 each) and n first tokens, never delimiters
+    assert (pr.examples[:, 1:, 0] != DELIMITER).all()
+    expect_b = 0.5 * (math.log(2) - math.log(0.5 / (V - 1)))
+    assert res.model_boundary == pytest.approx(expect_b, rel=1e-5)
+    model = CausalLM(GPTConfig(vocab_size=V, max_len=8, d_model=8, n_heads=2))
+    with pytest.raises(ValueError, match="context window"):
+        prompt_example_losses(model, tiny, n, k, n_prompts=2, seed=0, epsilon=eps)
+    with pytest.raises(ValueError, match="epsilon"):
+        prompt_example_losses(model, tiny, 1, 2, n_prompts=2, seed=0, epsilon=0.0)

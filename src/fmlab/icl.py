@@ -38,7 +38,11 @@ from .data.ginc import (
 from .models.gpt import CausalLM, GPTConfig
 from .models.lstm import LSTMLanguageModel
 from .repro import make_generator, seed_everything
-from .theory.bayes_icl import ginc_bayes_predictor, prefix_log_likelihoods
+from .theory.bayes_icl import (
+    ginc_bayes_predictor,
+    prefix_log_likelihoods,
+    smooth_transitions,
+)
 from .train import cached, progress
 
 __all__ = [
@@ -54,6 +58,10 @@ __all__ = [
     "evaluate_in_context",
     "gain_per_seed",
     "random_concept_accuracy",
+    "DocumentLosses",
+    "document_losses",
+    "ExampleLosses",
+    "prompt_example_losses",
     "OrderSensitivity",
     "order_sensitivity",
 ]
@@ -628,6 +636,216 @@ def random_concept_accuracy(world: GINC, prompts: Prompts) -> float:
         for c in world.seen_concepts.tolist()
     ]
     return float(torch.stack(hits).mean())
+
+
+def _token_losses(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """The model's next-token cross-entropy at every position: tokens ``(B, L)`` to
+    losses ``(B, L - 1)`` (position ``t`` predicts token ``t + 1``), float64."""
+    model.eval()
+    with torch.no_grad():
+        logits = model(tokens[:, :-1])
+    return F.cross_entropy(
+        logits.transpose(1, 2), tokens[:, 1:], reduction="none"
+    ).double()
+
+
+def _mixture_losses(lls: torch.Tensor, n_concepts: int) -> torch.Tensor:
+    """Per-position losses of the Bayes predictor from prefix log-likelihoods ``(B, C,
+    L)`` under a uniform prior: :math:`-\\log p(o_{t+1} \\mid o_{1:t})`, ``(B, L -
+    1)``."""
+    mix = torch.logsumexp(lls - math.log(n_concepts), dim=1)  # log p(o_{1:t})
+    return -(mix[:, 1:] - mix[:, :-1])
+
+
+@dataclass(frozen=True)
+class DocumentLosses:
+    r"""Mean next-token losses along pretraining documents.
+
+    ``model``, ``bayes`` and ``oracle`` hold one value per position: entry ``t``
+    (0-based) is the mean over documents of :math:`-\log p(o_{t+2} \mid o_{1:t+1})`,
+    the loss of predicting the token at position ``t + 2`` from the ``t + 1`` tokens
+    before it. ``model`` is the trained model's loss, ``bayes`` the loss of the exact
+    pretraining mixture (the Bayes predictor, which must infer the concept from the
+    prefix), ``oracle`` the loss of the exact HMM of each document's own concept (a
+    predictor told the concept); ``bayes - oracle`` is what not knowing the concept
+    costs at each position.
+
+    ``after_change`` and ``steady`` split the predictions at positions after
+    ``skip`` (where the prefix has identified the concept) by the hidden entity:
+    *after a change* means that the last token read is the first one at a new entity
+    (the entity changed between the two tokens before the predicted one); *steady*
+    means that the last three entities (the predicted token's included) are equal.
+    Each is a dict with the mean ``model`` and ``bayes`` losses and the ``share`` of
+    predictions in the class.
+    """
+
+    model: torch.Tensor
+    bayes: torch.Tensor
+    oracle: torch.Tensor
+    after_change: dict
+    steady: dict
+
+    def mean(self, first: int, last: int) -> dict:
+        """Mean losses over the predicted positions ``first..last`` (1-based, the
+        position of the predicted token; ``2 <= first <= last <= length``)."""
+        n = len(self.model) + 1
+        first = check_int("first", first, minimum=2, maximum=n)
+        last = check_int("last", last, minimum=first, maximum=n)
+        sl = slice(first - 2, last - 1)
+        return {
+            name: float(getattr(self, name)[sl].mean())
+            for name in ("model", "bayes", "oracle")
+        }
+
+
+def document_losses(
+    model: nn.Module,
+    world: GINC,
+    length: int,
+    *,
+    n_documents: int,
+    seed: int,
+    skip: int = 8,
+) -> DocumentLosses:
+    """:class:`DocumentLosses` of ``model``, the Bayes predictor and the
+    concept-knowing predictor on ``n_documents`` fresh pretraining documents of
+    ``length`` tokens (drawn with :func:`fmlab.make_generator` of ``seed``), read from
+    their first token.
+
+    The diagnostic of Chapter 6: the Bayes predictor's loss falls along a document as
+    the prefix identifies the concept, and a model that has learned that inference
+    falls with it. The transitions are not smoothed (documents come from the
+    pretraining distribution itself).
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(world, GINC):
+        raise TypeError(f"world must be a GINC, got {type(world).__name__}")
+    length = check_int("length", length, minimum=4)
+    n_documents = check_int("n_documents", n_documents, minimum=1)
+    seed = check_int("seed", seed, minimum=0)
+    skip = check_int("skip", skip, minimum=2, maximum=length - 1)
+    docs = world.sample_documents(n_documents, length, make_generator(seed))
+    idx = world.seen_concepts
+    lls = prefix_log_likelihoods(
+        docs.tokens,
+        world.transition_matrices(idx),
+        world.emission_matrix(),
+        world.start_probs[idx],
+    )  # (B, C, L)
+    own = lls[torch.arange(n_documents), docs.concepts]  # the document's own concept
+    losses = {
+        "model": _token_losses(model, docs.tokens),
+        "bayes": _mixture_losses(lls, len(idx)),
+    }  # (B, L - 1): entry t predicts token t + 1 (0-based)
+    entity = docs.states // world.config.n_properties
+    moved = entity[:, 1:] != entity[:, :-1]  # (B, L - 1): entry t is t -> t + 1
+    after = torch.zeros_like(moved)
+    after[:, 1:] = moved[:, :-1]  # the entity changed just before the last token read
+    steady = torch.zeros_like(moved)
+    steady[:, 1:] = ~moved[:, 1:] & ~moved[:, :-1]
+    late = (torch.arange(length - 1) >= skip - 1).expand_as(moved)
+
+    def split(mask):
+        mask = mask & late
+        out = {name: float(v[mask].mean()) for name, v in losses.items()}
+        out["share"] = float(mask.double().sum() / late.double().sum())
+        return out
+
+    return DocumentLosses(
+        model=losses["model"].mean(0),
+        bayes=losses["bayes"].mean(0),
+        oracle=-(own[:, 1:] - own[:, :-1]).mean(0),
+        after_change=split(after),
+        steady=split(steady),
+    )
+
+
+@dataclass(frozen=True)
+class ExampleLosses:
+    r"""Mean next-token losses inside the examples of prompts, one value per example.
+
+    The prompts hold ``n + 1`` examples of ``k`` tokens joined by the delimiter (the
+    last one complete, with its sampled last token). ``model[i]`` and ``bayes[i]`` are
+    the mean losses on tokens 2..k of example ``i`` (0-based), each predicted from
+    everything before it: tokens that the prompt concept generates from the previous
+    hidden state, exactly as in a pretraining document. Example 0 has no boundary
+    before it; every later one follows a delimiter and a jump to a fresh entity at the
+    start property. ``model_boundary`` and ``bayes_boundary`` are the mean losses on
+    the boundary tokens themselves (each delimiter and the first token after it).
+    The Bayes predictor is smoothed by ``epsilon``.
+    """
+
+    model: torch.Tensor
+    bayes: torch.Tensor
+    model_boundary: float
+    bayes_boundary: float
+    epsilon: float
+
+
+def prompt_example_losses(
+    model: nn.Module,
+    world: GINC,
+    n: int,
+    k: int,
+    *,
+    n_prompts: int,
+    seed: int,
+    epsilon: float,
+) -> ExampleLosses:
+    """:class:`ExampleLosses` of ``model`` and of the Bayes predictor on ``n_prompts``
+    fresh prompts (seen concepts, generator seeded by ``seed``) with ``n`` examples of
+    length ``k`` and a complete test example.
+
+    The in-prompt counterpart of :func:`document_losses`: if the examples
+    reveal the concept, the loss inside later examples is lower than inside the first.
+    The model must read ``(n + 1)(k + 1) - 1`` tokens within its context window.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(world, GINC):
+        raise TypeError(f"world must be a GINC, got {type(world).__name__}")
+    n = check_int("n", n, minimum=1)
+    k = check_int("k", k, minimum=2)
+    n_prompts = check_int("n_prompts", n_prompts, minimum=1)
+    seed = check_int("seed", seed, minimum=0)
+    epsilon = check_float("epsilon", epsilon, minimum=0.0, maximum=1.0, strict_min=True)
+    window = getattr(model, "context_window", None)
+    if window is not None and (n + 1) * (k + 1) - 2 > window:
+        raise ValueError(
+            f"n and k: the model would read {(n + 1) * (k + 1) - 2} tokens, more than "
+            f"its context window ({window})"
+        )
+    pr = world.sample_prompts(n_prompts, n, k, make_generator(seed))
+    tokens = torch.cat([pr.tokens, pr.examples[:, -1, -1:]], dim=1)
+    idx = world.seen_concepts
+    lls = prefix_log_likelihoods(
+        tokens,
+        smooth_transitions(world.transition_matrices(idx), epsilon),
+        world.emission_matrix(),
+        world.start_probs[idx],
+    )
+    losses = {
+        "model": _token_losses(model, tokens),
+        "bayes": _mixture_losses(lls, len(idx)),
+    }
+    target = torch.arange(
+        1, tokens.shape[1]
+    )  # 0-based position of each predicted token
+    example, place = target // (k + 1), target % (k + 1)  # place k: the delimiter
+    inside = (place >= 1) & (place < k)
+    boundary = ~inside
+    out = {
+        name: torch.stack([v[:, inside & (example == i)].mean() for i in range(n + 1)])
+        for name, v in losses.items()
+    }
+    return ExampleLosses(
+        model=out["model"],
+        bayes=out["bayes"],
+        model_boundary=float(losses["model"][:, boundary].mean()),
+        bayes_boundary=float(losses["bayes"][:, boundary].mean()),
+        epsilon=epsilon,
+    )
 
 
 @dataclass(frozen=True)
