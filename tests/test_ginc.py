@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from fmlab import make_generator
+from fmlab import make_generator, seed_everything
 from fmlab.data.ginc import (
     DELIMITER,
     GINC,
@@ -53,14 +53,14 @@ def random_hmm(C=2, H=3, V=3, seed=0, zeros=False):
         T = T * (torch.rand(C, H, H, generator=g, dtype=torch.float64) > 0.4)
         T[:, :, 0] += 0.05  # keep every row non-empty
     T = T / T.sum(2, keepdim=True)
-    O = torch.rand(C, H, V, generator=g, dtype=torch.float64)
-    O = O / O.sum(2, keepdim=True)
+    emit = torch.rand(C, H, V, generator=g, dtype=torch.float64)
+    emit = emit / emit.sum(2, keepdim=True)
     mu = torch.rand(C, H, generator=g, dtype=torch.float64)
     mu = mu / mu.sum(1, keepdim=True)
-    return T, O, mu
+    return T, emit, mu
 
 
-def brute_joint(tokens, T, O, mu):
+def brute_joint(tokens, T, emit, mu):
     """p(o_{1:t} | theta) by summing over all H^t hidden paths: (B, C)."""
     B, t = tokens.shape
     C, H, _ = T.shape
@@ -68,9 +68,9 @@ def brute_joint(tokens, T, O, mu):
     for b in range(B):
         for c in range(C):
             for path in itertools.product(range(H), repeat=t):
-                p = mu[c, path[0]] * O[c, path[0], tokens[b, 0]]
+                p = mu[c, path[0]] * emit[c, path[0], tokens[b, 0]]
                 for s in range(1, t):
-                    p = p * T[c, path[s - 1], path[s]] * O[c, path[s], tokens[b, s]]
+                    p = p * T[c, path[s - 1], path[s]] * emit[c, path[s], tokens[b, s]]
                 out[b, c] += p
     return out
 
@@ -79,78 +79,78 @@ def brute_joint(tokens, T, O, mu):
 
 
 def test_forward_likelihood_matches_enumeration_of_all_hidden_paths():
-    T, O, mu = random_hmm(C=2, H=3, V=3, seed=1)
+    T, emit, mu = random_hmm(C=2, H=3, V=3, seed=1)
     tokens = torch.randint(3, (4, 5), generator=make_generator(2))
-    brute = brute_joint(tokens, T, O, mu)
+    brute = brute_joint(tokens, T, emit, mu)
     assert torch.allclose(
-        log_likelihood(tokens, T, O, mu).exp(), brute, rtol=1e-10, atol=0
+        log_likelihood(tokens, T, emit, mu).exp(), brute, rtol=1e-10, atol=0
     )
-    prefixes = prefix_log_likelihoods(tokens, T, O, mu).exp()
+    prefixes = prefix_log_likelihoods(tokens, T, emit, mu).exp()
     for t in range(1, 6):
         assert torch.allclose(
-            prefixes[:, :, t - 1], brute_joint(tokens[:, :t], T, O, mu), rtol=1e-10
+            prefixes[:, :, t - 1], brute_joint(tokens[:, :t], T, emit, mu), rtol=1e-10
         )
 
 
 def test_forward_alpha_is_joint_of_observations_and_last_state():
-    T, O, mu = random_hmm(C=2, H=3, V=2, seed=3)
+    T, emit, mu = random_hmm(C=2, H=3, V=2, seed=3)
     tokens = torch.randint(2, (2, 4), generator=make_generator(4))
-    la = forward_log_alpha(tokens, T, O, mu).exp()  # (B, C, H)
+    la = forward_log_alpha(tokens, T, emit, mu).exp()  # (B, C, H)
     for b, c, h in itertools.product(range(2), range(2), range(3)):
         total = 0.0
         for path in itertools.product(range(3), repeat=4):
             if path[-1] != h:
                 continue
-            p = mu[c, path[0]] * O[c, path[0], tokens[b, 0]]
+            p = mu[c, path[0]] * emit[c, path[0], tokens[b, 0]]
             for s in range(1, 4):
-                p = p * T[c, path[s - 1], path[s]] * O[c, path[s], tokens[b, s]]
+                p = p * T[c, path[s - 1], path[s]] * emit[c, path[s], tokens[b, s]]
             total += float(p)
         assert la[b, c, h].item() == pytest.approx(total, rel=1e-10)
 
 
 def test_posterior_and_posterior_predictive_match_enumeration():
-    T, O, mu = random_hmm(C=3, H=2, V=3, seed=5)
+    T, emit, mu = random_hmm(C=3, H=2, V=3, seed=5)
     prior = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
     tokens = torch.randint(3, (3, 4), generator=make_generator(6))
-    res = bayes_posterior_predictive(tokens, T, O, mu, prior=prior)
-    joint = brute_joint(tokens, T, O, mu) * prior
+    res = bayes_posterior_predictive(tokens, T, emit, mu, prior=prior)
+    joint = brute_joint(tokens, T, emit, mu) * prior
     assert torch.allclose(res.posterior, joint / joint.sum(1, keepdim=True), rtol=1e-10)
     for v in range(3):
         ext = torch.cat([tokens, torch.full((3, 1), v)], dim=1)
-        num = (brute_joint(ext, T, O, mu) * prior).sum(1)
+        num = (brute_joint(ext, T, emit, mu) * prior).sum(1)
         assert torch.allclose(res.predictive[:, v], num / joint.sum(1), rtol=1e-10)
-        per = brute_joint(ext, T, O, mu) / brute_joint(tokens, T, O, mu)
+        per = brute_joint(ext, T, emit, mu) / brute_joint(tokens, T, emit, mu)
         assert torch.allclose(
-            next_token_distribution(tokens, T, O, mu)[:, :, v], per, rtol=1e-10
+            next_token_distribution(tokens, T, emit, mu)[:, :, v], per, rtol=1e-10
         )
     assert torch.allclose(res.predictive.sum(1), torch.ones(3, dtype=torch.float64))
 
 
 def test_zero_probability_sequences_give_nan_posterior_not_errors():
-    T, O, mu = random_hmm(C=2, H=3, V=3, seed=7, zeros=True)
-    O = torch.zeros_like(O)
-    O[:, 0, 0] = 1.0
-    O[:, 1:, 1] = 1.0  # token 2 is never emitted
+    T, emit, mu = random_hmm(C=2, H=3, V=3, seed=7, zeros=True)
+    emit = torch.zeros_like(emit)
+    emit[:, 0, 0] = 1.0
+    emit[:, 1:, 1] = 1.0  # token 2 is never emitted
     tokens = torch.tensor([[0, 1, 2], [0, 1, 1]])
-    res = bayes_posterior_predictive(tokens, T, O, mu)
+    res = bayes_posterior_predictive(tokens, T, emit, mu)
     assert bool(res.impossible[0]) and not bool(res.impossible[1])
     assert (
         torch.isnan(res.posterior[0]).all() and torch.isfinite(res.posterior[1]).all()
     )
-    brute = brute_joint(tokens[1:], T, O, mu)
+    brute = brute_joint(tokens[1:], T, emit, mu)
     assert torch.allclose(res.log_likelihood[1].exp(), brute[0], rtol=1e-10)
 
 
 def test_likelihood_given_previous_state_matches_enumeration():
-    T, O, _ = random_hmm(C=2, H=3, V=3, seed=8)
+    T, emit, _ = random_hmm(C=2, H=3, V=3, seed=8)
     tokens = torch.randint(3, (2, 3), generator=make_generator(9))
-    lb = log_likelihood_given_state(tokens, T, O).exp()  # (B, C, H)
+    lb = log_likelihood_given_state(tokens, T, emit).exp()  # (B, C, H)
     for b, c, h0 in itertools.product(range(2), range(2), range(3)):
         total = 0.0
         for path in itertools.product(range(3), repeat=3):
             p, prev = 1.0, h0
             for s in range(3):
-                p *= float(T[c, prev, path[s]] * O[c, path[s], tokens[b, s]])
+                p *= float(T[c, prev, path[s]] * emit[c, path[s], tokens[b, s]])
                 prev = path[s]
             total += p
         assert lb[b, c, h0].item() == pytest.approx(total, rel=1e-10)
@@ -158,17 +158,17 @@ def test_likelihood_given_previous_state_matches_enumeration():
 
 def test_log_space_forward_survives_long_sequences():
     """2000 tokens underflow a naive product; compare with a scaled forward pass."""
-    T, O, mu = random_hmm(C=2, H=4, V=5, seed=10)
+    T, emit, mu = random_hmm(C=2, H=4, V=5, seed=10)
     tokens = torch.randint(5, (2, 2000), generator=make_generator(11))
-    ll = log_likelihood(tokens, T, O, mu)
+    ll = log_likelihood(tokens, T, emit, mu)
     assert torch.isfinite(ll).all() and (ll < -1000).all()
     for b in range(2):
         for c in range(2):  # independent implementation: normalise alpha at every step
-            alpha = mu[c] * O[c, :, tokens[b, 0]]
+            alpha = mu[c] * emit[c, :, tokens[b, 0]]
             total = math.log(alpha.sum())
             alpha = alpha / alpha.sum()
             for t in range(1, 2000):
-                alpha = (alpha @ T[c]) * O[c, :, tokens[b, t]]
+                alpha = (alpha @ T[c]) * emit[c, :, tokens[b, t]]
                 total += math.log(alpha.sum())
                 alpha = alpha / alpha.sum()
             assert ll[b, c].item() == pytest.approx(total, rel=1e-9)
@@ -317,16 +317,20 @@ def test_bayes_predictor_on_ginc_matches_brute_force(tiny):
     res = ginc_bayes_predictor(tiny, pr.tokens, eps)
     seen = tiny.seen_concepts
     T = smooth_transitions(tiny.transition_matrices(seen), eps)
-    O = tiny.emission_matrix()
+    emit = tiny.emission_matrix()
     brute = brute_joint(
-        pr.tokens, T, O.unsqueeze(0).expand(len(seen), -1, -1), tiny.start_probs[seen]
+        pr.tokens,
+        T,
+        emit.unsqueeze(0).expand(len(seen), -1, -1),
+        tiny.start_probs[seen],
     )
     assert torch.allclose(res.posterior, brute / brute.sum(1, keepdim=True), rtol=1e-9)
 
 
 @pytest.mark.parametrize("eps", [0.0, 0.05])
 def test_sparse_forward_for_deterministic_emissions_matches_dense(tiny, eps):
-    """The dense recursion is checked against enumeration above; the sparse one against it."""
+    """The dense recursion is checked against enumeration above; the sparse one against
+    it."""
     pr = tiny.sample_prompts(50, 3, 4, make_generator(6))
     T = smooth_transitions(tiny.transition_matrices("all"), eps)
     mu = tiny.start_probs
@@ -355,10 +359,12 @@ def test_bayes_pretraining_loss_matches_exact_entropy(tiny):
     c = tiny.config
     seen = tiny.seen_concepts
     T = tiny.transition_matrices(seen)
-    O = tiny.emission_matrix().unsqueeze(0).expand(len(seen), -1, -1)
+    emit = tiny.emission_matrix().unsqueeze(0).expand(len(seen), -1, -1)
     seqs = torch.tensor(list(itertools.product(range(c.vocab_size), repeat=L)))
-    p = brute_joint(seqs, T, O, tiny.start_probs[seen]).mean(1)  # mixture probability
-    p1 = brute_joint(seqs[:, :1], T, O, tiny.start_probs[seen]).mean(1)
+    p = brute_joint(seqs, T, emit, tiny.start_probs[seen]).mean(
+        1
+    )  # mixture probability
+    p1 = brute_joint(seqs[:, :1], T, emit, tiny.start_probs[seen]).mean(1)
     keep = p > 0
     exact = -(p[keep] * (p[keep].log() - p1[keep].log())).sum().item() / (L - 1)
     est = bayes_pretraining_loss(tiny, L, n_documents=20000, seed=1)
@@ -369,7 +375,7 @@ def test_bayes_pretraining_loss_matches_exact_entropy(tiny):
 
 
 def test_lstm_is_causal_and_shaped():
-    torch.manual_seed(0)
+    seed_everything(0)
     m = LSTMLanguageModel(7, embed_dim=8, hidden_dim=16)
     x = torch.randint(7, (2, 6))
     y = x.clone()
@@ -380,7 +386,8 @@ def test_lstm_is_causal_and_shaped():
 
 
 class _BayesAsModel(nn.Module):
-    """A 'language model' whose last-position logits are the exact posterior predictive."""
+    """A 'language model' whose last-position logits are the exact posterior
+    predictive."""
 
     def __init__(self, world, eps):
         super().__init__()
@@ -418,7 +425,7 @@ def test_in_context_grid_with_the_bayes_predictor_as_model(tiny):
 
 
 def test_nested_prompts_reuse_the_lstm_state(tiny):
-    torch.manual_seed(1)
+    seed_everything(1)
     m = LSTMLanguageModel(tiny.config.vocab_size, embed_dim=4, hidden_dim=8).eval()
     full = tiny.sample_prompts(7, 4, 3, make_generator(7))
     nested = _nested_last_logits(m, full, (0, 1, 4))
@@ -436,11 +443,18 @@ def test_order_sensitivity_of_the_bayes_predictor_against_itself(tiny):
     assert res.model_changed == res.bayes_changed
 
 
-def test_pretraining_is_cached_and_reloads(tmp_path, monkeypatch, tiny):
+def test_lstm_pretraining_is_cached_and_reloads(tmp_path, monkeypatch, tiny):
     monkeypatch.setenv("FMLAB_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("FMLAB_PROGRESS", "0")
     cfg = GINCPretrainConfig(
-        world=tiny.config, width=8, embed_dim=4, steps=3, batch_size=4, window=16
+        world=tiny.config,
+        arch="lstm",
+        width=8,
+        embed_dim=4,
+        steps=3,
+        warmup=1,
+        batch_size=4,
+        window=16,
     )
     first = pretrain_ginc_lm(cfg)
     assert len(list(tmp_path.glob("ginc_lm-*.pt"))) == 1
@@ -478,9 +492,9 @@ def test_invalid_arguments_name_the_argument(tiny):
         ginc_bayes_predictor(tiny, torch.full((1, 2), 99), 0.1)
     with pytest.raises(TypeError, match="tokens"):
         ginc_bayes_predictor(tiny, torch.zeros(1, 2), 0.1)
-    T, O, mu = random_hmm()
+    T, emit, mu = random_hmm()
     with pytest.raises(ValueError, match="initial"):
-        log_likelihood(torch.zeros(2, 3, dtype=torch.long), T, O, mu[:1])
+        log_likelihood(torch.zeros(2, 3, dtype=torch.long), T, emit, mu[:1])
     with pytest.raises(ValueError, match="transitions"):
         smooth_transitions(torch.ones(2, 3, 4, dtype=torch.float64), 0.1)
     with pytest.raises(ValueError, match="order"):

@@ -1,13 +1,16 @@
 """Pretraining a small language model on GINC and measuring its in-context learning.
 
-:func:`pretrain_ginc_lm` trains a next-token model (an LSTM) on
-random windows of a GINC world's pretraining corpus and caches the result on disk by
-config hash (:func:`fmlab.cached`). :func:`in_context_grid` evaluates a trained model and
-the exact Bayes predictor (:func:`fmlab.theory.bayes_icl.ginc_bayes_predictor`) on the
-same prompts over a grid of example counts ``n`` and example lengths ``k``.
+:func:`pretrain_ginc_lm` trains a next-token model on random windows of a GINC world's
+pretraining corpus and caches the result on disk by config hash (:func:`fmlab.cached`).
+The model is a small causal transformer (:class:`fmlab.models.gpt.CausalLM`) or, for
+comparison, an LSTM (:class:`fmlab.models.lstm.LSTMLanguageModel`).
+:func:`in_context_grid` evaluates trained models and the exact Bayes predictor
+(:func:`fmlab.theory.bayes_icl.ginc_bayes_predictor`) on the same prompts over a grid
+of example counts ``n`` and example lengths ``k``.
 
-In-context **accuracy** is the fraction of prompts whose predicted next token (the argmax
-of the model's next-token distribution after the prompt) equals the prompt's label.
+In-context **accuracy** is the fraction of prompts whose predicted next token (the
+argmax of the model's next-token distribution after the prompt) equals the prompt's
+label.
 
 Used in Chapter 6 (``notebooks/06-in-context-learning.ipynb``).
 """
@@ -15,52 +18,89 @@ Used in Chapter 6 (``notebooks/06-in-context-learning.ipynb``).
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ._validate import check_choice, check_float, check_int, check_tensor
-from .data.ginc import DELIMITER, GINC, GINC_PRESETS, GINCConfig, Prompts
+from .data.ginc import (
+    DELIMITER,
+    GINC,
+    GINC_PRESETS,
+    GINCConfig,
+    Prompts,
+    prompt_length,
+)
+from .models.gpt import CausalLM, GPTConfig
 from .models.lstm import LSTMLanguageModel
 from .repro import make_generator, seed_everything
-from .theory.bayes_icl import ginc_bayes_predictor, prefix_log_likelihoods
+from .theory.bayes_icl import (
+    ginc_bayes_predictor,
+    prefix_log_likelihoods,
+    smooth_transitions,
+)
 from .train import cached, progress
 
 __all__ = [
     "GINCPretrainConfig",
     "build_model",
+    "lr_schedule",
     "pretrain_ginc_lm",
     "load_ginc_lm",
     "next_token_logits",
     "bayes_pretraining_loss",
     "ICLGrid",
     "in_context_grid",
+    "evaluate_in_context",
+    "gain_per_seed",
     "random_concept_accuracy",
+    "DocumentLosses",
+    "document_losses",
+    "ExampleLosses",
+    "prompt_example_losses",
     "OrderSensitivity",
     "order_sensitivity",
 ]
 
+_ARCHS = ("transformer", "lstm")
+
 
 @dataclass(frozen=True)
 class GINCPretrainConfig:
-    """Everything that determines a pretrained GINC model (the cache key).
+    """Everything that determines a pretrained GINC model (the cache key). The
+    defaults are Chapter 6's transformer.
 
-    The model is an LSTM (:class:`fmlab.models.lstm.LSTMLanguageModel`) with ``width``
-    hidden units. Training: ``steps`` Adam steps on ``batch_size`` random windows of
-    ``window + 1`` tokens of the corpus, one-cycle learning rate peaking at ``lr``,
-    gradient norm clipped at 1.
+    ``arch = "transformer"``: a causal transformer (:class:`fmlab.models.gpt.CausalLM`)
+    of width ``width`` (the model dimension), ``n_layers`` blocks and ``n_heads``
+    heads, whose context window is ``window`` tokens. ``arch = "lstm"``: an LSTM
+    (:class:`fmlab.models.lstm.LSTMLanguageModel`) with ``width`` hidden units,
+    ``n_layers`` layers and token embeddings of size ``embed_dim``. ``dropout`` is the
+    dropout rate in training (see either model).
+
+    Training: ``steps`` AdamW steps (betas 0.9, 0.95, decoupled ``weight_decay`` on
+    the weight matrices) on ``batch_size`` random windows of ``window + 1`` tokens of
+    the corpus (the model reads ``window`` tokens and predicts each next one); the
+    learning rate rises linearly to ``lr`` over ``warmup`` steps and then follows a
+    cosine down to ``lr / 10`` (:func:`lr_schedule`); the gradient norm is clipped at 1.
     """
 
     world: GINCConfig = GINC_PRESETS["cpu"]
-    width: int = 256
-    n_layers: int = 1
+    arch: str = "transformer"
+    width: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    dropout: float = 0.1
     embed_dim: int = 64
-    steps: int = 1000
-    batch_size: int = 32
-    window: int = 128
+    steps: int = 1300
+    batch_size: int = 64
+    window: int = 64
     lr: float = 1e-2
+    warmup: int = 50
+    weight_decay: float = 0.0
     seed: int = 0
 
     def __post_init__(self):
@@ -68,29 +108,67 @@ class GINCPretrainConfig:
             raise TypeError(
                 f"world must be a GINCConfig, got {type(self.world).__name__}"
             )
+        check_choice("arch", self.arch, _ARCHS)
         check_int("width", self.width, minimum=1)
         check_int("n_layers", self.n_layers, minimum=1)
+        check_int("n_heads", self.n_heads, minimum=1)
+        if self.arch == "transformer" and self.width % self.n_heads:
+            raise ValueError(
+                f"width ({self.width}) must be divisible by n_heads ({self.n_heads})"
+            )
+        check_float("dropout", self.dropout, minimum=0.0, maximum=0.9)
         check_int("embed_dim", self.embed_dim, minimum=1)
         check_int("steps", self.steps, minimum=1)
         check_int("batch_size", self.batch_size, minimum=1)
         check_int("window", self.window, minimum=2)
         check_float("lr", self.lr, minimum=0.0, strict_min=True)
+        check_int("warmup", self.warmup, minimum=0, maximum=self.steps)
+        check_float("weight_decay", self.weight_decay, minimum=0.0)
         check_int("seed", self.seed, minimum=0)
+
+    @property
+    def tokens_seen(self) -> int:
+        """Number of next-token predictions made in training: steps x batch x window."""
+        return self.steps * self.batch_size * self.window
 
 
 def build_model(cfg: GINCPretrainConfig) -> nn.Module:
     """A freshly initialised model for ``cfg`` (seeded by ``cfg.seed``)."""
     if not isinstance(cfg, GINCPretrainConfig):
         raise TypeError(f"cfg must be a GINCPretrainConfig, got {type(cfg).__name__}")
+    if cfg.arch == "transformer":
+        shape = GPTConfig(
+            vocab_size=cfg.world.vocab_size,
+            max_len=cfg.window,
+            d_model=cfg.width,
+            n_layers=cfg.n_layers,
+            n_heads=cfg.n_heads,
+            dropout=cfg.dropout,
+        )
+        return CausalLM(shape, seed=cfg.seed)
     seed_everything(
         cfg.seed
-    )  # the LSTM's default initialisation draws from the global stream
+    )  # the LSTM's default initialisation uses the global stream
     return LSTMLanguageModel(
         cfg.world.vocab_size,
         embed_dim=cfg.embed_dim,
         hidden_dim=cfg.width,
         n_layers=cfg.n_layers,
+        dropout=cfg.dropout,
     )
+
+
+def lr_schedule(step: int, *, steps: int, warmup: int, floor: float = 0.1) -> float:
+    """The learning-rate multiplier at ``step`` (0-based): linear warm-up over
+    ``warmup`` steps to 1, then a cosine from 1 down to ``floor`` at the last step."""
+    steps = check_int("steps", steps, minimum=1)
+    warmup = check_int("warmup", warmup, minimum=0, maximum=steps)
+    step = check_int("step", step, minimum=0, maximum=steps - 1)
+    floor = check_float("floor", floor, minimum=0.0, maximum=1.0)
+    if step < warmup:
+        return (step + 1) / warmup
+    progress_ = (step - warmup) / max(1, steps - 1 - warmup)
+    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress_))
 
 
 def _windows(corpus: torch.Tensor, starts: torch.Tensor, length: int) -> torch.Tensor:
@@ -103,21 +181,35 @@ def _train(cfg: GINCPretrainConfig) -> dict:
     corpus = world.pretraining_corpus()
     if len(corpus) <= cfg.window + 1:
         raise ValueError(
-            f"the corpus ({len(corpus)} tokens) is shorter than window + 1 = {cfg.window + 1}"
+            f"the corpus ({len(corpus)} tokens) is shorter than window + 1 = "
+            f"{cfg.window + 1}"
         )
     model = build_model(cfg)
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    sched = torch.optim.lr_scheduler.OneCycleLR(
-        opt, max_lr=cfg.lr, total_steps=cfg.steps, pct_start=0.1
+    matrices = [p for p in model.parameters() if p.ndim >= 2]
+    others = [p for p in model.parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW(
+        [
+            {"params": matrices, "weight_decay": cfg.weight_decay},
+            {"params": others, "weight_decay": 0.0},
+        ],
+        lr=cfg.lr,
+        betas=(0.9, 0.95),
+    )
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt,
+        lambda s: lr_schedule(
+            min(s, cfg.steps - 1), steps=cfg.steps, warmup=cfg.warmup
+        ),
     )
     g = make_generator(cfg.seed + 10_000)
     V = cfg.world.vocab_size
     losses = torch.empty(cfg.steps)
     model.train()
+    start = time.process_time()
     for step in progress(
         range(cfg.steps),
         total=cfg.steps,
-        desc=f"pretraining LSTM-{cfg.width} (seed {cfg.seed})",
+        desc=f"pretraining a {cfg.arch} on GINC (seed {cfg.seed})",
     ):
         x = _windows(
             corpus,
@@ -133,6 +225,7 @@ def _train(cfg: GINCPretrainConfig) -> dict:
         opt.step()
         sched.step()
         losses[step] = loss.detach()
+    cpu_seconds = time.process_time() - start
     model.eval()
     # validation: fresh documents from the seen concepts, scored from their first token
     docs = world.sample_documents(
@@ -147,14 +240,18 @@ def _train(cfg: GINCPretrainConfig) -> dict:
         "state_dict": {k: v.detach().clone() for k, v in model.state_dict().items()},
         "losses": losses,
         "val_loss": val,
+        "cpu_seconds": cpu_seconds,
     }
 
 
 def pretrain_ginc_lm(cfg: GINCPretrainConfig) -> dict:
     """Train (or load from the on-disk cache) the model of ``cfg``.
 
-    Returns a dict with ``state_dict``, the training ``losses`` per step and ``val_loss``,
-    the mean next-token cross-entropy on 256 fresh documents of ``window + 1`` tokens.
+    Returns a dict with ``state_dict``, the training ``losses`` per step, ``val_loss``
+    (the mean next-token cross-entropy on 256 fresh documents of ``window + 1`` tokens,
+    scored from their first token) and ``cpu_seconds``, the CPU time the training loop
+    took when the entry was made (a machine-dependent measurement, stored so that a
+    cached run reports the same number).
     """
     if not isinstance(cfg, GINCPretrainConfig):
         raise TypeError(f"cfg must be a GINCPretrainConfig, got {type(cfg).__name__}")
@@ -172,7 +269,8 @@ def load_ginc_lm(cfg: GINCPretrainConfig) -> nn.Module:
 def next_token_logits(
     model: nn.Module, tokens: torch.Tensor, batch_size: int = 1024
 ) -> torch.Tensor:
-    """The model's next-token logits after each prompt: ``(B, T)`` tokens to ``(B, V)``."""
+    """The model's next-token logits after each prompt: tokens ``(B, T)`` to logits
+    ``(B, V)``."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     tokens = check_tensor("tokens", tokens, ndim=2, integer=True)
@@ -191,9 +289,10 @@ def bayes_pretraining_loss(
 ) -> float:
     """The smallest possible next-token cross-entropy on documents of ``length`` tokens.
 
-    The mean over positions 2..``length`` of :math:`-\\log p(o_{t}\\mid o_{1:t-1})` under the
-    exact pretraining mixture (no smoothing), on ``n_documents`` fresh documents; the
-    reference line for :func:`pretrain_ginc_lm`'s ``val_loss`` (same positions).
+    The mean over positions 2..``length`` of :math:`-\\log p(o_{t}\\mid o_{1:t-1})`
+    under the exact pretraining mixture (no smoothing), on ``n_documents`` fresh
+    documents; the reference line for :func:`pretrain_ginc_lm`'s ``val_loss`` (same
+    positions).
     """
     if not isinstance(world, GINC):
         raise TypeError(f"world must be a GINC, got {type(world).__name__}")
@@ -217,8 +316,8 @@ def bayes_pretraining_loss(
 def _nested_last_logits(model: nn.Module, full: Prompts, ns) -> dict:
     """Next-token logits after ``full.with_examples(n)`` for every ``n`` in ``ns``.
 
-    A model with ``forward_with_state`` (the LSTM) reads the shared prefix of examples once
-    and continues from the saved state; any other model reads every prompt in full.
+    A model with ``forward_with_state`` (the LSTM) reads the shared prefix of examples
+    once and continues from the saved state; any other model reads every prompt in full.
     """
     if not hasattr(model, "forward_with_state"):
         return {n: next_token_logits(model, full.with_examples(n).tokens) for n in ns}
@@ -239,17 +338,20 @@ def _nested_last_logits(model: nn.Module, full: Prompts, ns) -> dict:
 
 @dataclass
 class ICLGrid:
-    r"""In-context results on a grid of ``ns`` x ``ks``; every array is indexed ``[i_n, i_k]``.
+    r"""In-context results on a grid of ``ns`` x ``ks``; arrays are indexed ``[i_n,
+    i_k]``.
 
-    ``bayes_accuracy`` is the accuracy of the Bayes predictor, ``true_posterior`` the mean
-    Bayes posterior of the prompt concept (NaN when it is outside the prior),
-    ``bayes_impossible`` the fraction of prompts with probability zero under every concept
-    of the prior (possible only when ``epsilon = 0``; they count as errors). For every
-    model name, ``accuracy[name]`` is its accuracy, ``agreement[name]`` the fraction of
-    prompts where it predicts the same token as the Bayes predictor, and
+    ``bayes_accuracy`` is the accuracy of the Bayes predictor, ``true_posterior`` the
+    mean Bayes posterior of the prompt concept (NaN when it is outside the prior),
+    ``bayes_impossible`` the fraction of prompts with probability zero under every
+    concept of the prior (possible only when ``epsilon = 0``; they count as errors).
+    For every model name, ``accuracy[name]`` is its accuracy, ``agreement[name]`` the
+    fraction of prompts where it predicts the same token as the Bayes predictor, and
     ``chance_agreement[name]`` the agreement expected if the two predictions were
-    independent with the same marginals, :math:`\sum_v \hat p_{\text{model}}(v)\,\hat p_{\text{Bayes}}(v)`.
-    ``predictions[(n, k)]`` keeps the labels and raw predictions.
+    independent with the same marginals,
+    :math:`\sum_v \hat p_{\text{model}}(v)\,\hat p_{\text{Bayes}}(v)`; they are NaN
+    at the ``k`` where the model was not evaluated. ``predictions[(n, k)]`` keeps the
+    labels, concepts and raw predictions.
     """
 
     ns: tuple
@@ -261,6 +363,40 @@ class ICLGrid:
     agreement: dict = field(default_factory=dict)
     chance_agreement: dict = field(default_factory=dict)
     predictions: dict = field(default_factory=dict, repr=False)
+
+    def as_dict(self) -> dict:
+        """The grid as plain dicts, lists and tensors (what the on-disk cache
+        stores)."""
+        return {
+            "ns": list(self.ns),
+            "ks": list(self.ks),
+            "bayes_accuracy": self.bayes_accuracy,
+            "true_posterior": self.true_posterior,
+            "bayes_impossible": self.bayes_impossible,
+            "accuracy": dict(self.accuracy),
+            "agreement": dict(self.agreement),
+            "chance_agreement": dict(self.chance_agreement),
+            "predictions": {f"{n},{k}": v for (n, k), v in self.predictions.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ICLGrid":
+        """The inverse of :meth:`as_dict`."""
+        preds = {}
+        for key, v in d["predictions"].items():
+            n, k = (int(x) for x in key.split(","))
+            preds[(n, k)] = v
+        return cls(
+            tuple(d["ns"]),
+            tuple(d["ks"]),
+            d["bayes_accuracy"],
+            d["true_posterior"],
+            d["bayes_impossible"],
+            dict(d["accuracy"]),
+            dict(d["agreement"]),
+            dict(d["chance_agreement"]),
+            preds,
+        )
 
 
 def in_context_grid(
@@ -274,17 +410,22 @@ def in_context_grid(
     epsilon: float,
     concepts: str = "seen",
     prior_concepts: str = "seen",
+    model_ks=None,
 ) -> ICLGrid:
     """Evaluate models and the Bayes predictor on the same fresh prompts.
 
-    For every ``k`` in ``ks``, ``n_prompts`` prompts with ``max(ns)`` examples are drawn from
-    ``concepts`` (``"seen"`` or ``"unseen"``) with a generator seeded by ``seed`` and ``k``;
-    the prompt with ``n`` examples keeps the first ``n`` of them and the same test example
-    (:meth:`fmlab.data.ginc.Prompts.with_examples`), so the curves over ``n`` are paired.
-    The Bayes predictor has smoothing ``epsilon`` and a uniform prior over
-    ``prior_concepts`` (``"seen"``, the pretraining distribution, or ``"all"``).
+    For every ``k`` in ``ks``, ``n_prompts`` prompts with ``max(ns)`` examples are drawn
+    from ``concepts`` (``"seen"`` or ``"unseen"``) with a generator seeded by ``seed``
+    and ``k``; the prompt with ``n`` examples keeps the first ``n`` of them and the same
+    test example (:meth:`fmlab.data.ginc.Prompts.with_examples`), so the curves over
+    ``n`` are paired. The Bayes predictor has smoothing ``epsilon`` and a uniform prior
+    over ``prior_concepts`` (``"seen"``, the pretraining distribution, or ``"all"``).
 
     ``models`` is a dict name -> model (or None / empty for the Bayes predictor only).
+    The models are evaluated at the ``k`` in ``model_ks`` (default: every ``k``), and
+    every prompt they read must fit their context window (a model with a
+    ``context_window`` attribute, such as :class:`fmlab.models.gpt.CausalLM`);
+    otherwise a ``ValueError`` says which prompt is too long.
     """
     models = {} if models is None else models
     if not isinstance(models, dict) or not all(
@@ -297,10 +438,23 @@ def in_context_grid(
     ks = tuple(check_int("ks", k, minimum=2) for k in ks)
     if not ns or not ks:
         raise ValueError("ns and ks must be non-empty")
+    model_ks = ks if model_ks is None else tuple(model_ks)
+    if not set(model_ks) <= set(ks):
+        raise ValueError(f"model_ks must be a subset of ks {ks}, got {model_ks}")
     n_prompts = check_int("n_prompts", n_prompts, minimum=1)
     seed = check_int("seed", seed, minimum=0)
     check_choice("concepts", concepts, ("seen", "unseen"))
     check_choice("prior_concepts", prior_concepts, ("seen", "all"))
+    if models and model_ks:
+        longest = max(prompt_length(max(ns), k) for k in model_ks)
+        for name, model in models.items():
+            window = getattr(model, "context_window", None)
+            if window is not None and longest > window:
+                raise ValueError(
+                    f"ns and ks: the longest prompt has {longest} tokens, more than "
+                    f"the context window of model {name!r} ({window}); evaluate only "
+                    "prompts that fit the window the model was trained on"
+                )
     shape = (len(ns), len(ks))
     grid = ICLGrid(
         ns,
@@ -320,8 +474,10 @@ def in_context_grid(
             make_generator(seed * 1_000_003 + k),
             concepts=concepts,
         )
+        evaluated = models if k in model_ks else {}
         last_logits = {
-            name: _nested_last_logits(model, full, ns) for name, model in models.items()
+            name: _nested_last_logits(model, full, ns)
+            for name, model in evaluated.items()
         }
         for i, n in enumerate(ns):
             pr = full.with_examples(n)
@@ -333,14 +489,13 @@ def in_context_grid(
                 ((b == pr.labels) & ~bayes.impossible).double().mean()
             )
             grid.bayes_impossible[i, j] = bayes.impossible.double().mean()
-            hit = prior_idx.unsqueeze(0) == pr.concepts.unsqueeze(
-                1
-            )  # (B, C): where c* sits in the prior
+            # (B, C): where the prompt concept sits in the prior
+            hit = prior_idx.unsqueeze(0) == pr.concepts.unsqueeze(1)
             if bool(hit.any(1).all()):
                 grid.true_posterior[i, j] = (bayes.posterior * hit).sum(1).mean()
             entry = {"labels": pr.labels, "bayes": b, "concepts": pr.concepts}
             pb = torch.bincount(b, minlength=V).double() / n_prompts
-            for name, model in models.items():
+            for name in evaluated:
                 m = last_logits[name][n].argmax(1)
                 grid.accuracy[name][i, j] = (m == pr.labels).double().mean()
                 grid.agreement[name][i, j] = (m == b).double().mean()
@@ -351,11 +506,118 @@ def in_context_grid(
     return grid
 
 
+@dataclass(frozen=True)
+class _EvaluationKey:
+    model: GINCPretrainConfig
+    ns: tuple
+    ks: tuple
+    model_ks: tuple
+    seeds: tuple
+    n_prompts: int
+    epsilon: float
+    concepts: str
+    version: int = 1
+
+
+def evaluate_in_context(
+    cfg: GINCPretrainConfig,
+    ns,
+    ks,
+    *,
+    seeds,
+    n_prompts: int,
+    epsilon: float,
+    concepts: str = "seen",
+    model_ks=None,
+) -> list:
+    """:func:`in_context_grid` of the pretrained model of ``cfg`` (named ``cfg.arch``)
+    and the Bayes predictor, once per evaluation seed, cached on disk.
+
+    The world is ``GINC(cfg.world)``. Returns one :class:`ICLGrid` per seed in
+    ``seeds``. Like the trained model, the grids are kept in the cache
+    (:func:`fmlab.cached`), keyed by ``cfg``, the evaluation arguments and the seed
+    offset, so a rerun with the model cached does not evaluate again; a clean run
+    computes the same numbers.
+    """
+    if not isinstance(cfg, GINCPretrainConfig):
+        raise TypeError(f"cfg must be a GINCPretrainConfig, got {type(cfg).__name__}")
+    seeds = tuple(check_int("seeds", s, minimum=0) for s in seeds)
+    if not seeds:
+        raise ValueError("seeds must be non-empty")
+    check_choice("concepts", concepts, ("seen", "unseen"))
+    key = _EvaluationKey(
+        cfg,
+        tuple(int(n) for n in ns),
+        tuple(int(k) for k in ks),
+        tuple(int(k) for k in (ks if model_ks is None else model_ks)),
+        seeds,
+        check_int("n_prompts", n_prompts, minimum=1),
+        check_float("epsilon", epsilon, minimum=0.0, maximum=1.0),
+        concepts,
+    )
+
+    def build() -> dict:
+        world = GINC(cfg.world)
+        models = {cfg.arch: load_ginc_lm(cfg)} if key.model_ks else {}
+        grids = [
+            in_context_grid(
+                models,
+                world,
+                key.ns,
+                key.ks,
+                n_prompts=key.n_prompts,
+                seed=s,
+                epsilon=key.epsilon,
+                concepts=key.concepts,
+                model_ks=key.model_ks,
+            ).as_dict()
+            for s in progress(seeds, total=len(seeds), desc="in-context evaluation")
+        ]
+        return {"grids": grids}
+
+    return [ICLGrid.from_dict(d) for d in cached(key, build, name="ginc_icl")["grids"]]
+
+
+def gain_per_seed(
+    grids, k: int, *, name: str | None = None, n_from: int = 0, n_to: int | None = None
+) -> np.ndarray:
+    """Per-seed paired gain in accuracy from ``n_from`` to ``n_to`` examples at length
+    ``k``.
+
+    ``grids`` is a list of :class:`ICLGrid` (one per evaluation seed) with the same
+    ``ns`` and ``ks``; ``name`` selects a model (``None``: the Bayes predictor);
+    ``n_to`` defaults to the largest ``n``. Returns one number per grid: accuracy at
+    ``n_to`` minus accuracy at ``n_from``, on the same test examples.
+    """
+    if isinstance(grids, ICLGrid):
+        grids = [grids]
+    if not grids or not all(isinstance(g, ICLGrid) for g in grids):
+        raise TypeError("grids must be a non-empty list of ICLGrid")
+    ns, ks = grids[0].ns, grids[0].ks
+    if any(g.ns != ns or g.ks != ks for g in grids):
+        raise ValueError("grids must all have the same ns and ks")
+    k = check_int("k", k, minimum=2)
+    if k not in ks:
+        raise ValueError(f"k must be one of the grids' ks {ks}, got {k}")
+    n_to = max(ns) if n_to is None else n_to
+    for arg, n in (("n_from", n_from), ("n_to", n_to)):
+        if check_int(arg, n, minimum=0) not in ns:
+            raise ValueError(f"{arg} must be one of the grids' ns {ns}, got {n}")
+    if name is not None and name not in grids[0].accuracy:
+        raise ValueError(
+            f"name must be one of the grids' models {list(grids[0].accuracy)}, "
+            f"got {name!r}"
+        )
+    i0, i1, j = ns.index(n_from), ns.index(n_to), ks.index(k)
+    acc = [g.bayes_accuracy if name is None else g.accuracy[name] for g in grids]
+    return np.array([float(a[i1, j] - a[i0, j]) for a in acc])
+
+
 def random_concept_accuracy(world: GINC, prompts: Prompts) -> float:
-    r"""Accuracy of a learner that knows every pretraining HMM exactly but picks the concept
-    at random: the mean over seen concepts :math:`c` of the fraction of prompts whose label
-    equals :math:`\arg\max_v p(o_k = v \mid \text{test input}, c)`. The chance level for
-    prompts from unseen concepts.
+    r"""Accuracy of a learner that knows every pretraining HMM exactly but picks the
+    concept at random: the mean over seen concepts :math:`c` of the fraction of prompts
+    whose label equals :math:`\arg\max_v p(o_k = v \mid \text{test input}, c)`. The
+    chance level for prompts from unseen concepts.
     """
     if not isinstance(world, GINC):
         raise TypeError(f"world must be a GINC, got {type(world).__name__}")
@@ -376,13 +638,224 @@ def random_concept_accuracy(world: GINC, prompts: Prompts) -> float:
     return float(torch.stack(hits).mean())
 
 
+def _token_losses(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """The model's next-token cross-entropy at every position: tokens ``(B, L)`` to
+    losses ``(B, L - 1)`` (position ``t`` predicts token ``t + 1``), float64."""
+    model.eval()
+    with torch.no_grad():
+        logits = model(tokens[:, :-1])
+    return F.cross_entropy(
+        logits.transpose(1, 2), tokens[:, 1:], reduction="none"
+    ).double()
+
+
+def _mixture_losses(lls: torch.Tensor, n_concepts: int) -> torch.Tensor:
+    """Per-position losses of the Bayes predictor from prefix log-likelihoods ``(B, C,
+    L)`` under a uniform prior: :math:`-\\log p(o_{t+1} \\mid o_{1:t})`, ``(B, L -
+    1)``."""
+    mix = torch.logsumexp(lls - math.log(n_concepts), dim=1)  # log p(o_{1:t})
+    return -(mix[:, 1:] - mix[:, :-1])
+
+
+@dataclass(frozen=True)
+class DocumentLosses:
+    r"""Mean next-token losses along pretraining documents.
+
+    ``model``, ``bayes`` and ``oracle`` hold one value per position: entry ``t``
+    (0-based) is the mean over documents of :math:`-\log p(o_{t+2} \mid o_{1:t+1})`,
+    the loss of predicting the token at position ``t + 2`` from the ``t + 1`` tokens
+    before it. ``model`` is the trained model's loss, ``bayes`` the loss of the exact
+    pretraining mixture (the Bayes predictor, which must infer the concept from the
+    prefix), ``oracle`` the loss of the exact HMM of each document's own concept (a
+    predictor told the concept); ``bayes - oracle`` is what not knowing the concept
+    costs at each position.
+
+    ``after_change`` and ``steady`` split the predictions at positions after
+    ``skip`` (where the prefix has identified the concept) by the hidden entity:
+    *after a change* means that the last token read is the first one at a new entity
+    (the entity changed between the two tokens before the predicted one); *steady*
+    means that the last three entities (the predicted token's included) are equal.
+    Each is a dict with the mean ``model`` and ``bayes`` losses and the ``share`` of
+    predictions in the class.
+    """
+
+    model: torch.Tensor
+    bayes: torch.Tensor
+    oracle: torch.Tensor
+    after_change: dict
+    steady: dict
+
+    def mean(self, first: int, last: int) -> dict:
+        """Mean losses over the predicted positions ``first..last`` (1-based, the
+        position of the predicted token; ``2 <= first <= last <= length``)."""
+        n = len(self.model) + 1
+        first = check_int("first", first, minimum=2, maximum=n)
+        last = check_int("last", last, minimum=first, maximum=n)
+        sl = slice(first - 2, last - 1)
+        return {
+            name: float(getattr(self, name)[sl].mean())
+            for name in ("model", "bayes", "oracle")
+        }
+
+
+def document_losses(
+    model: nn.Module,
+    world: GINC,
+    length: int,
+    *,
+    n_documents: int,
+    seed: int,
+    skip: int = 8,
+) -> DocumentLosses:
+    """:class:`DocumentLosses` of ``model``, the Bayes predictor and the
+    concept-knowing predictor on ``n_documents`` fresh pretraining documents of
+    ``length`` tokens (drawn with :func:`fmlab.make_generator` of ``seed``), read from
+    their first token.
+
+    The diagnostic of Chapter 6: the Bayes predictor's loss falls along a document as
+    the prefix identifies the concept, and a model that has learned that inference
+    falls with it. The transitions are not smoothed (documents come from the
+    pretraining distribution itself).
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(world, GINC):
+        raise TypeError(f"world must be a GINC, got {type(world).__name__}")
+    length = check_int("length", length, minimum=4)
+    n_documents = check_int("n_documents", n_documents, minimum=1)
+    seed = check_int("seed", seed, minimum=0)
+    skip = check_int("skip", skip, minimum=2, maximum=length - 1)
+    docs = world.sample_documents(n_documents, length, make_generator(seed))
+    idx = world.seen_concepts
+    lls = prefix_log_likelihoods(
+        docs.tokens,
+        world.transition_matrices(idx),
+        world.emission_matrix(),
+        world.start_probs[idx],
+    )  # (B, C, L)
+    own = lls[torch.arange(n_documents), docs.concepts]  # the document's own concept
+    losses = {
+        "model": _token_losses(model, docs.tokens),
+        "bayes": _mixture_losses(lls, len(idx)),
+    }  # (B, L - 1): entry t predicts token t + 1 (0-based)
+    entity = docs.states // world.config.n_properties
+    moved = entity[:, 1:] != entity[:, :-1]  # (B, L - 1): entry t is t -> t + 1
+    after = torch.zeros_like(moved)
+    after[:, 1:] = moved[:, :-1]  # the entity changed just before the last token read
+    steady = torch.zeros_like(moved)
+    steady[:, 1:] = ~moved[:, 1:] & ~moved[:, :-1]
+    late = (torch.arange(length - 1) >= skip - 1).expand_as(moved)
+
+    def split(mask):
+        mask = mask & late
+        out = {name: float(v[mask].mean()) for name, v in losses.items()}
+        out["share"] = float(mask.double().sum() / late.double().sum())
+        return out
+
+    return DocumentLosses(
+        model=losses["model"].mean(0),
+        bayes=losses["bayes"].mean(0),
+        oracle=-(own[:, 1:] - own[:, :-1]).mean(0),
+        after_change=split(after),
+        steady=split(steady),
+    )
+
+
+@dataclass(frozen=True)
+class ExampleLosses:
+    r"""Mean next-token losses inside the examples of prompts, one value per example.
+
+    The prompts hold ``n + 1`` examples of ``k`` tokens joined by the delimiter (the
+    last one complete, with its sampled last token). ``model[i]`` and ``bayes[i]`` are
+    the mean losses on tokens 2..k of example ``i`` (0-based), each predicted from
+    everything before it: tokens that the prompt concept generates from the previous
+    hidden state, exactly as in a pretraining document. Example 0 has no boundary
+    before it; every later one follows a delimiter and a jump to a fresh entity at the
+    start property. ``model_boundary`` and ``bayes_boundary`` are the mean losses on
+    the boundary tokens themselves (each delimiter and the first token after it).
+    The Bayes predictor is smoothed by ``epsilon``.
+    """
+
+    model: torch.Tensor
+    bayes: torch.Tensor
+    model_boundary: float
+    bayes_boundary: float
+    epsilon: float
+
+
+def prompt_example_losses(
+    model: nn.Module,
+    world: GINC,
+    n: int,
+    k: int,
+    *,
+    n_prompts: int,
+    seed: int,
+    epsilon: float,
+) -> ExampleLosses:
+    """:class:`ExampleLosses` of ``model`` and of the Bayes predictor on ``n_prompts``
+    fresh prompts (seen concepts, generator seeded by ``seed``) with ``n`` examples of
+    length ``k`` and a complete test example.
+
+    The in-prompt counterpart of :func:`document_losses`: if the examples
+    reveal the concept, the loss inside later examples is lower than inside the first.
+    The model must read ``(n + 1)(k + 1) - 1`` tokens within its context window.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(world, GINC):
+        raise TypeError(f"world must be a GINC, got {type(world).__name__}")
+    n = check_int("n", n, minimum=1)
+    k = check_int("k", k, minimum=2)
+    n_prompts = check_int("n_prompts", n_prompts, minimum=1)
+    seed = check_int("seed", seed, minimum=0)
+    epsilon = check_float("epsilon", epsilon, minimum=0.0, maximum=1.0, strict_min=True)
+    window = getattr(model, "context_window", None)
+    if window is not None and (n + 1) * (k + 1) - 2 > window:
+        raise ValueError(
+            f"n and k: the model would read {(n + 1) * (k + 1) - 2} tokens, more than "
+            f"its context window ({window})"
+        )
+    pr = world.sample_prompts(n_prompts, n, k, make_generator(seed))
+    tokens = torch.cat([pr.tokens, pr.examples[:, -1, -1:]], dim=1)
+    idx = world.seen_concepts
+    lls = prefix_log_likelihoods(
+        tokens,
+        smooth_transitions(world.transition_matrices(idx), epsilon),
+        world.emission_matrix(),
+        world.start_probs[idx],
+    )
+    losses = {
+        "model": _token_losses(model, tokens),
+        "bayes": _mixture_losses(lls, len(idx)),
+    }
+    target = torch.arange(
+        1, tokens.shape[1]
+    )  # 0-based position of each predicted token
+    example, place = target // (k + 1), target % (k + 1)  # place k: the delimiter
+    inside = (place >= 1) & (place < k)
+    boundary = ~inside
+    out = {
+        name: torch.stack([v[:, inside & (example == i)].mean() for i in range(n + 1)])
+        for name, v in losses.items()
+    }
+    return ExampleLosses(
+        model=out["model"],
+        bayes=out["bayes"],
+        model_boundary=float(losses["model"][:, boundary].mean()),
+        bayes_boundary=float(losses["bayes"][:, boundary].mean()),
+        epsilon=epsilon,
+    )
+
+
 @dataclass(frozen=True)
 class OrderSensitivity:
-    """Predictions of a model and of the Bayes predictor under every order of the examples.
+    """Predictions of a model and of the Bayes predictor under every order of the
+    examples.
 
-    ``orders`` lists the permutations; ``model_accuracy`` and ``bayes_accuracy`` hold one
-    accuracy per order; ``model_changed`` and ``bayes_changed`` are the fractions of prompts
-    whose prediction is not the same under every order.
+    ``orders`` lists the permutations; ``model_accuracy`` and ``bayes_accuracy`` hold
+    one accuracy per order; ``model_changed`` and ``bayes_changed`` are the fractions of
+    prompts whose prediction is not the same under every order.
     """
 
     orders: list
@@ -399,9 +872,9 @@ def order_sensitivity(
     epsilon: float,
     max_orders: int = 24,
 ) -> OrderSensitivity:
-    """Evaluate ``model`` and the Bayes predictor on ``prompts`` with the in-context examples
-    permuted (the first ``max_orders`` permutations in lexicographic order; the test
-    example stays last)."""
+    """Evaluate ``model`` and the Bayes predictor on ``prompts`` with the in-context
+    examples permuted (the first ``max_orders`` permutations in lexicographic order; the
+    test example stays last)."""
     import itertools
 
     if not isinstance(model, nn.Module):
@@ -412,7 +885,8 @@ def order_sensitivity(
         raise TypeError(f"prompts must be Prompts, got {type(prompts).__name__}")
     if prompts.n_examples < 2:
         raise ValueError(
-            f"prompts must hold at least 2 in-context examples, got {prompts.n_examples}"
+            "prompts must hold at least 2 in-context examples, got "
+            f"{prompts.n_examples}"
         )
     max_orders = check_int("max_orders", max_orders, minimum=1)
     orders = list(

@@ -1,38 +1,41 @@
 """GINC: the generative in-context learning data set of Xie et al. (ICLR 2022).
 
 A *world* is a mixture of hidden Markov models. The hidden state is a pair
-:math:`h = (e, s)` of an **entity** :math:`e \\in \\{0, \\dots, E-1\\}` and a **property**
-:math:`s \\in \\{0, \\dots, P-1\\}`, stored as the index :math:`h = eP + s`. The two chains move
-independently:
+:math:`h = (e, s)` of an **entity** :math:`e \\in \\{0, \\dots, E-1\\}` and a
+**property** :math:`s \\in \\{0, \\dots, P-1\\}`, stored as the index
+:math:`h = eP + s`. The two chains move independently:
 
 .. math::
     p(h_{t+1} = (e', s') \\mid h_t = (e, s), c) = A_{e e'}\\, B^{(c)}_{s s'},
     \\qquad T_c = A \\otimes B^{(c)} .
 
 * :math:`A` (entities) is fixed for the world and *sticky*:
-  :math:`A = \\beta I + (1 - \\beta)\\,\\Pi_A` with :math:`\\beta` = ``entity_stickiness``;
+  :math:`A = \\beta I + (1 - \\beta)\\,\\Pi_A` with :math:`\\beta` =
+  ``entity_stickiness``;
 * :math:`B^{(c)}` (properties) is the **concept** :math:`c`. Every transition matrix
   :math:`\\Pi` here is a mixture of random permutation matrices,
   :math:`\\Pi = \\sum_{j} w_j P_{\\sigma_j}` with peaked weights
   :math:`w = \\operatorname{softmax}((u - 1/2)/\\tau)`, :math:`u_j \\sim U[0,1]`,
   :math:`\\tau` = ``transition_temp``, as in the paper's generator;
-* the token is read from a **memory matrix** :math:`M \\in \\{0,\\dots,V-1\\}^{E\\times P}`:
-  :math:`o_t = M[e_t, s_t]` (deterministic emission). Column 0 is the delimiter token 0, so
-  property 0 emits the delimiter ``/`` whatever the entity; the other entries are uniform
-  over :math:`\\{1,\\dots,V-1\\}`.
+* the token is read from a **memory matrix**
+  :math:`M \\in \\{0,\\dots,V-1\\}^{E\\times P}`: :math:`o_t = M[e_t, s_t]`
+  (deterministic emission). Column 0 is the delimiter token 0, so property 0 emits
+  the delimiter ``/`` whatever the entity; the other entries are uniform over
+  :math:`\\{1,\\dots,V-1\\}`.
 * the first hidden state has law ``start_probs[c]`` (a softmax of uniform noise at
   temperature ``start_temp``, nearly uniform).
 
-Of the ``n_concepts`` concepts the first half is **seen** (pretraining documents each come
-from one of them, uniformly) and the second half is **unseen** (held out for prompts).
+Of the ``n_concepts`` concepts the first half is **seen** (pretraining documents each
+come from one of them, uniformly) and the second half is **unseen** (held out for
+prompts).
 
 A **prompt** for concept :math:`c^\\star` with :math:`n` examples of length :math:`k`: a
 start property :math:`s_0 \\in \\{1,\\dots,P-1\\}` shared by the prompt; each of the
 :math:`n+1` examples starts at a fresh uniform entity and property :math:`s_0` and runs
-:math:`k-1` transitions of :math:`T_{c^\\star}`; examples are joined by the delimiter. The
-last (test) example loses its last token; the **label** is the most likely next token under
-:math:`c^\\star` given the test input alone (started at a uniform entity and property
-:math:`s_0`), not the sampled token.
+:math:`k-1` transitions of :math:`T_{c^\\star}`; examples are joined by the delimiter.
+The last (test) example loses its last token; the **label** is the most likely next
+token under :math:`c^\\star` given the test input alone (started at a uniform entity
+and property :math:`s_0`), not the sampled token.
 
 Sampling is vectorized over documents (or prompts and examples): the only Python loop
 runs over positions. Used in Chapter 6 (``notebooks/06-in-context-learning.ipynb``).
@@ -56,6 +59,7 @@ __all__ = [
     "Prompts",
     "permutation_mixture",
     "assemble_prompts",
+    "prompt_length",
     "DELIMITER",
     "token_names",
 ]
@@ -115,10 +119,12 @@ class GINCConfig:
         return self.n_concepts // 2
 
 
-#: Named configurations. ``"paper"`` is the configuration of Xie et al. (2022): 10 entities,
-#: 10 properties, vocabulary 50, 5 + 5 concepts, 1000 documents of 10 240 tokens.
+#: Named configurations. ``"paper"`` is the configuration of Xie et al. (2022): 10
+#: entities, 10 properties, vocabulary 50, 5 + 5 concepts, 1000 documents of 10 240
+#: tokens.
 #: ``"cpu"`` keeps the world of the same size but has a tenth of the pretraining tokens
-#: (Chapter 6 pretrains an LSTM on it in under two minutes of CPU). ``"tiny"`` is for unit tests.
+#: (Chapter 6 pretrains a small transformer on it in under two minutes of CPU).
+#: ``"tiny"`` is for unit tests.
 GINC_PRESETS: dict[str, GINCConfig] = {
     "paper": GINCConfig(),
     "cpu": GINCConfig(n_documents=200, document_length=5120),
@@ -134,7 +140,8 @@ GINC_PRESETS: dict[str, GINCConfig] = {
 
 
 def ginc_preset(name: str, **overrides) -> GINCConfig:
-    """The named preset of :data:`GINC_PRESETS`, with any field replaced by ``overrides``."""
+    """The named preset of :data:`GINC_PRESETS`, with any field replaced by
+    ``overrides``."""
     check_choice("name", name, tuple(GINC_PRESETS))
     from dataclasses import replace
 
@@ -144,11 +151,12 @@ def ginc_preset(name: str, **overrides) -> GINCConfig:
 def permutation_mixture(
     size: int, n_permutations: int, temperature: float, generator: torch.Generator
 ) -> torch.Tensor:
-    """A random stochastic matrix :math:`\\sum_j w_j P_{\\sigma_j}`, shape ``(size, size)``.
+    """A random stochastic matrix :math:`\\sum_j w_j P_{\\sigma_j}`, shape ``(size,
+    size)``.
 
     The :math:`\\sigma_j` are uniform random permutations and
-    :math:`w = \\operatorname{softmax}((u - 1/2)/\\text{temperature})` with :math:`u_j \\sim U[0,1]`,
-    so a small temperature makes one permutation dominate.
+    :math:`w = \\operatorname{softmax}((u - 1/2)/\\text{temperature})` with :math:`u_j
+    \\sim U[0,1]`, so a small temperature makes one permutation dominate.
     """
     size = check_int("size", size, minimum=1)
     n_permutations = check_int("n_permutations", n_permutations, minimum=1)
@@ -165,14 +173,16 @@ def permutation_mixture(
 
 
 def _categorical(cdf: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Inverse-CDF sampling: row-wise ``cdf`` ``(N, K)``, uniforms ``u`` ``(N,)`` -> ``(N,)``."""
+    """Inverse-CDF sampling: row-wise ``cdf`` ``(N, K)``, uniforms ``u`` ``(N,)`` ->
+    ``(N,)``."""
     idx = torch.searchsorted(cdf, u.unsqueeze(1).to(cdf.dtype), right=True).squeeze(1)
     return idx.clamp_(max=cdf.shape[1] - 1)
 
 
 @dataclass(frozen=True)
 class Documents:
-    """Sampled documents: ``tokens`` and hidden ``states`` ``(N, L)``, ``concepts`` ``(N,)``."""
+    """Sampled documents: ``tokens`` and hidden ``states`` ``(N, L)``, ``concepts``
+    ``(N,)``."""
 
     tokens: torch.Tensor
     states: torch.Tensor
@@ -186,9 +196,11 @@ class Prompts:
     Attributes
     ----------
     examples : (B, n + 1, k) int64
-        Tokens of every example; the last is the test example with its sampled last token.
+        Tokens of every example; the last is the test example with its sampled last
+        token.
     tokens : (B, n (k + 1) + k - 1) int64
-        The prompt the model reads: examples joined by the delimiter, test token removed.
+        The prompt the model reads: examples joined by the delimiter, test token
+        removed.
     labels : (B,) int64
         The most likely next token under the prompt concept given the test input.
     concepts : (B,) int64
@@ -212,10 +224,12 @@ class Prompts:
         return self.examples.shape[2]
 
     def with_examples(self, n: int) -> "Prompts":
-        """The same prompts keeping only the first ``n`` in-context examples (and the test example).
+        """The same prompts keeping only the first ``n`` in-context examples (and the
+        test example).
 
-        Prompts with different ``n`` then share their test inputs and labels, so accuracies
-        at different ``n`` are compared on the same questions (a paired design).
+        Prompts with different ``n`` then share their test inputs and labels, so
+        accuracies at different ``n`` are compared on the same questions (a paired
+        design).
         """
         n = check_int("n", n, minimum=0, maximum=self.n_examples)
         ex = torch.cat([self.examples[:, :n], self.examples[:, -1:]], dim=1)
@@ -224,11 +238,13 @@ class Prompts:
         )
 
     def reordered(self, order: torch.Tensor) -> "Prompts":
-        """The same prompts with the ``n`` in-context examples put in ``order`` (a permutation)."""
+        """The same prompts with the ``n`` in-context examples put in ``order`` (a
+        permutation)."""
         order = check_tensor("order", order, shape=(self.n_examples,), integer=True)
         if not torch.equal(torch.sort(order).values, torch.arange(self.n_examples)):
             raise ValueError(
-                f"order must be a permutation of 0..{self.n_examples - 1}, got {order.tolist()}"
+                f"order must be a permutation of 0..{self.n_examples - 1}, got "
+                f"{order.tolist()}"
             )
         idx = torch.cat([order, torch.tensor([self.n_examples])])
         ex = self.examples[:, idx]
@@ -251,8 +267,18 @@ def token_names(vocab_size: int) -> list[str]:
     return names[:vocab_size]
 
 
+def prompt_length(n_examples: int, example_length: int) -> int:
+    """Number of tokens of a prompt with ``n_examples`` examples of ``example_length``
+    tokens: :math:`n (k + 1) + k - 1` (each example and its delimiter, then the test
+    input of :math:`k - 1` tokens)."""
+    n = check_int("n_examples", n_examples, minimum=0)
+    k = check_int("example_length", example_length, minimum=2)
+    return n * (k + 1) + k - 1
+
+
 def assemble_prompts(examples: torch.Tensor) -> torch.Tensor:
-    """Join examples ``(B, n + 1, k)`` with the delimiter and drop the test example's last token."""
+    """Join examples ``(B, n + 1, k)`` with the delimiter and drop the test example's
+    last token."""
     examples = check_tensor("examples", examples, ndim=3, integer=True)
     B, m, k = examples.shape
     delim = torch.full((B, m, 1), DELIMITER, dtype=examples.dtype)
@@ -309,13 +335,15 @@ class GINC:
         return self.memory.reshape(-1)
 
     def emission_matrix(self) -> torch.Tensor:
-        """The one-hot emission matrix :math:`O_{hv} = [M_h = v]`, shape ``(H, V)``, float64."""
-        O = torch.zeros(self.n_states, self.config.vocab_size, dtype=torch.float64)
-        O[torch.arange(self.n_states), self.state_tokens] = 1.0
-        return O
+        """The one-hot emission matrix :math:`O_{hv} = [M_h = v]`, shape ``(H, V)``,
+        float64."""
+        emit = torch.zeros(self.n_states, self.config.vocab_size, dtype=torch.float64)
+        emit[torch.arange(self.n_states), self.state_tokens] = 1.0
+        return emit
 
     def transition_matrices(self, concepts=None) -> torch.Tensor:
-        """:math:`T_c = A \\otimes B^{(c)}` for the given concepts, shape ``(C, H, H)``."""
+        """:math:`T_c = A \\otimes B^{(c)}` for the given concepts, shape
+        ``(C, H, H)``."""
         concepts = self.concept_indices(concepts)
         return torch.stack(
             [
@@ -325,7 +353,8 @@ class GINC:
         )
 
     def concept_indices(self, concepts) -> torch.Tensor:
-        """Concept indices from ``"seen"``, ``"unseen"``, ``"all"`` or a 1-D integer tensor."""
+        """Concept indices from ``"seen"``, ``"unseen"``, ``"all"`` or a 1-D integer
+        tensor."""
         if concepts is None or (isinstance(concepts, str) and concepts == "seen"):
             return self.seen_concepts
         if isinstance(concepts, str):
@@ -342,13 +371,15 @@ class GINC:
             or concepts.max() >= self.config.n_concepts
         ):
             raise ValueError(
-                f"concepts must hold indices in [0, {self.config.n_concepts - 1}], got {concepts.tolist()}"
+                f"concepts must hold indices in [0, {self.config.n_concepts - 1}], "
+                f"got {concepts.tolist()}"
             )
         return concepts
 
     # -- sampling -------------------------------------------------------------------
     def _run_chains(self, entity, prop, concept, steps, generator):
-        """Advance entity/property chains ``steps`` times; return states ``(N, steps + 1)``."""
+        """Advance entity/property chains ``steps`` times; return states
+        ``(N, steps + 1)``."""
         P = self.config.n_properties
         cdf_a = self.entity_transition.cumsum(1)
         cdf_b = self.property_transitions.cumsum(2)
@@ -365,7 +396,8 @@ class GINC:
     def sample_documents(
         self, n: int, length: int, generator: torch.Generator, concepts="seen"
     ) -> Documents:
-        """``n`` documents of ``length`` tokens, each from one concept drawn uniformly from ``concepts``."""
+        """``n`` documents of ``length`` tokens, each from one concept drawn uniformly
+        from ``concepts``."""
         n = check_int("n", n, minimum=1)
         length = check_int("length", length, minimum=1)
         if not isinstance(generator, torch.Generator):
@@ -381,8 +413,9 @@ class GINC:
         return Documents(self.state_tokens[states], states, concept)
 
     def pretraining_corpus(self) -> torch.Tensor:
-        """The pretraining token stream: ``n_documents`` documents from the seen concepts,
-        each followed by a delimiter, concatenated (``corpus_seed`` fixes it)."""
+        """The pretraining token stream: ``n_documents`` documents from the seen
+        concepts, each followed by a delimiter, concatenated (``corpus_seed`` fixes
+        it)."""
         c = self.config
         docs = self.sample_documents(
             c.n_documents, c.document_length, make_generator(c.corpus_seed)
@@ -399,11 +432,13 @@ class GINC:
         concepts="seen",
         start_property: int | None = None,
     ) -> Prompts:
-        """``n_prompts`` prompts with ``n_examples`` examples of ``example_length`` tokens.
+        """``n_prompts`` prompts with ``n_examples`` examples of ``example_length``
+        tokens.
 
-        ``concepts`` is ``"seen"``, ``"unseen"`` or a tensor of concept indices; each prompt
-        draws its concept uniformly from them. ``start_property`` fixes :math:`s_0` (drawn
-        uniformly from 1..P-1 per prompt if None). See the module docstring for the format.
+        ``concepts`` is ``"seen"``, ``"unseen"`` or a tensor of concept indices; each
+        prompt draws its concept uniformly from them. ``start_property`` fixes
+        :math:`s_0` (drawn uniformly from 1..P-1 per prompt if None). See the module
+        docstring for the format.
         """
         B = check_int("n_prompts", n_prompts, minimum=1)
         n = check_int("n_examples", n_examples, minimum=0)
@@ -442,7 +477,8 @@ class GINC:
     def most_likely_next_token(
         self, inputs: torch.Tensor, concepts: torch.Tensor, start_property: torch.Tensor
     ) -> torch.Tensor:
-        """:math:`\\arg\\max_v p(o_{k} = v \\mid o_{1:k-1}, c)` for test inputs ``(B, k-1)``.
+        """:math:`\\arg\\max_v p(o_{k} = v \\mid o_{1:k-1}, c)` for test inputs ``(B,
+        k-1)``.
 
         The first hidden state is uniform over entities at property ``start_property``;
         computed exactly with the forward algorithm of :mod:`fmlab.theory.bayes_icl`.
@@ -461,13 +497,13 @@ class GINC:
         init.scatter_(2, idx.unsqueeze(1), 1.0 / E)
         probs = torch.empty(B, self.config.vocab_size, dtype=torch.float64)
         T_all = self.transition_matrices("all")
-        O = self.emission_matrix()
+        emit = self.emission_matrix()
         for (
             cc
         ) in concepts.unique().tolist():  # a handful of concepts: one batched pass each
             rows = (concepts == cc).nonzero().squeeze(1)
             probs[rows] = next_token_distribution(
-                inputs[rows], T_all[cc : cc + 1], O, init[rows]
+                inputs[rows], T_all[cc : cc + 1], emit, init[rows]
             )[:, 0]
         return probs.argmax(1)
 
@@ -480,6 +516,7 @@ class GINC:
     def __repr__(self) -> str:
         c = self.config
         return (
-            f"GINC(entities={c.n_entities}, properties={c.n_properties}, vocab={c.vocab_size}, "
-            f"concepts={c.n_seen} seen + {c.n_concepts - c.n_seen} unseen, seed={c.seed})"
+            f"GINC(entities={c.n_entities}, properties={c.n_properties}, "
+            f"vocab={c.vocab_size}, concepts={c.n_seen} seen + "
+            f"{c.n_concepts - c.n_seen} unseen, seed={c.seed})"
         )

@@ -1,7 +1,8 @@
 """A small LSTM language model (Chapter 6, ``notebooks/06-in-context-learning.ipynb``).
 
 :math:`p_\\theta(o_{t+1} \\mid o_{1:t}) = \\operatorname{softmax}(W h_t + b)` with
-:math:`h_t = \\operatorname{LSTM}(\\operatorname{Embed}(o_1), \\dots, \\operatorname{Embed}(o_t))`.
+:math:`h_t = \\operatorname{LSTM}(\\operatorname{Embed}(o_1), \\dots,
+\\operatorname{Embed}(o_t))`.
 """
 
 from __future__ import annotations
@@ -61,8 +62,8 @@ class LSTMLanguageModel(nn.Module):
     def forward_with_state(self, tokens: torch.Tensor, state=None):
         """Logits ``(B, T, V)`` and the LSTM state after the last token.
 
-        ``state`` (as returned by an earlier call) continues a sequence, so a long prompt
-        can be processed in pieces and a shared prefix computed once.
+        ``state`` (as returned by an earlier call) continues a sequence, so a long
+        prompt can be processed in pieces and a shared prefix computed once.
         """
         tokens = check_tensor("tokens", tokens, ndim=2, integer=True)
         if tokens.numel() and (tokens.min() < 0 or tokens.max() >= self.vocab_size):

@@ -1,7 +1,7 @@
 """Exact Bayesian in-context prediction for a mixture of HMMs (Chapter 6).
 
-For concepts :math:`c \\in \\{1,\\dots,C\\}` with prior :math:`\\pi(c)`, each an HMM with
-initial law :math:`\\mu_c`, transition matrix :math:`T_c` and emission matrix
+For concepts :math:`c \\in \\{1,\\dots,C\\}` with prior :math:`\\pi(c)`, each an HMM
+with initial law :math:`\\mu_c`, transition matrix :math:`T_c` and emission matrix
 :math:`O_c`, the **forward variables**
 
 .. math::
@@ -9,8 +9,8 @@ initial law :math:`\\mu_c`, transition matrix :math:`T_c` and emission matrix
     \\alpha_1^{c} = \\mu_c \\odot O_c[:, o_1], \\qquad
     \\alpha_{t+1}^{c} = (T_c^\\top \\alpha_t^{c}) \\odot O_c[:, o_{t+1}]
 
-give the likelihood :math:`p(o_{1:t}\\mid c) = \\sum_h \\alpha_t^c(h)`, the **posterior over
-concepts** :math:`p(c \\mid o_{1:t}) \\propto \\pi(c)\\, p(o_{1:t}\\mid c)` and the
+give the likelihood :math:`p(o_{1:t}\\mid c) = \\sum_h \\alpha_t^c(h)`, the **posterior
+over concepts** :math:`p(c \\mid o_{1:t}) \\propto \\pi(c)\\, p(o_{1:t}\\mid c)` and the
 **posterior predictive**
 
 .. math::
@@ -18,14 +18,17 @@ concepts** :math:`p(c \\mid o_{1:t}) \\propto \\pi(c)\\, p(o_{1:t}\\mid c)` and 
     \\frac{\\big(\\alpha_t^{c\\top} T_c O_c\\big)_v}{\\sum_h \\alpha_t^c(h)} .
 
 Everything is computed for a batch of sequences and all concepts at once, in log space:
-:math:`\\log\\alpha_{t+1} = \\log\\big(\\exp(\\log\\alpha_t - m_t)\\, T\\big) + m_t + \\log O[:, o_{t+1}]` with
-:math:`m_t = \\max_h \\log\\alpha_t(h)`, which never underflows however long the sequence.
+:math:`\\log\\alpha_{t+1} = \\log\\big(\\exp(\\log\\alpha_t - m_t)\\, T\\big) + m_t +
+\\log O[:, o_{t+1}]` with
+:math:`m_t = \\max_h \\log\\alpha_t(h)`, which never underflows however long the
+sequence.
 
-In-context prompts are not drawn from the pretraining distribution: the delimiter and the
-jump to a fresh example can have probability zero under every pretraining HMM, and then
-the posterior is 0/0. :func:`smooth_transitions` mixes every transition matrix with the
-uniform one, :math:`T^{(\\varepsilon)} = (1-\\varepsilon)\\,T + \\varepsilon\\,\\mathbf{1}\\mathbf{1}^\\top / H`;
-``epsilon`` is an explicit parameter of :func:`ginc_bayes_predictor`.
+In-context prompts are not drawn from the pretraining distribution: the delimiter and
+the jump to a fresh example can have probability zero under every pretraining HMM, and
+then the posterior is 0/0. :func:`smooth_transitions` mixes every transition matrix with
+the uniform one, :math:`T^{(\\varepsilon)} = (1-\\varepsilon)\\,T +
+\\varepsilon\\,\\mathbf{1}\\mathbf{1}^\\top / H`; ``epsilon`` is an explicit parameter
+of :func:`ginc_bayes_predictor`.
 
 Used in Chapter 6 (``notebooks/06-in-context-learning.ipynb``).
 """
@@ -54,11 +57,13 @@ __all__ = [
 
 
 def smooth_transitions(transitions: torch.Tensor, epsilon: float) -> torch.Tensor:
-    """:math:`(1-\\varepsilon)\\,T + \\varepsilon / H` for transition matrices ``(..., H, H)``."""
+    """:math:`(1-\\varepsilon)\\,T + \\varepsilon / H` for transition matrices
+    ``(..., H, H)``."""
     transitions = check_tensor("transitions", transitions, floating=True)
     if transitions.ndim < 2 or transitions.shape[-1] != transitions.shape[-2]:
         raise ValueError(
-            f"transitions must end in two equal axes (H, H), got shape {tuple(transitions.shape)}"
+            "transitions must end in two equal axes (H, H), got shape "
+            f"{tuple(transitions.shape)}"
         )
     epsilon = check_float("epsilon", epsilon, minimum=0.0, maximum=1.0)
     H = transitions.shape[-1]
@@ -80,7 +85,8 @@ def _check_hmm(tokens, transitions, emissions, initial):
         emissions = emissions.unsqueeze(0).expand(C, -1, -1)
     if emissions.ndim != 3 or emissions.shape[:2] != (C, H):
         raise ValueError(
-            f"emissions must have shape (H, V) or (C, H, V) with C={C}, H={H}, got {tuple(emissions.shape)}"
+            f"emissions must have shape (H, V) or (C, H, V) with C={C}, H={H}, got "
+            f"{tuple(emissions.shape)}"
         )
     V = emissions.shape[2]
     if tokens.numel() and (tokens.min() < 0 or tokens.max() >= V):
@@ -91,7 +97,8 @@ def _check_hmm(tokens, transitions, emissions, initial):
         initial = initial.unsqueeze(0).expand(B, -1, -1)
     if initial.ndim != 3 or initial.shape != (B, C, H):
         raise ValueError(
-            f"initial must have shape (C, H) or (B, C, H) with B={B}, C={C}, H={H}, got {tuple(initial.shape)}"
+            f"initial must have shape (C, H) or (B, C, H) with B={B}, C={C}, H={H}, "
+            f"got {tuple(initial.shape)}"
         )
     return tokens, transitions, emissions, initial
 
@@ -145,20 +152,23 @@ def forward_log_alpha(
 
 
 def log_likelihood(tokens, transitions, emissions, initial) -> torch.Tensor:
-    """:math:`\\log p(o_{1:t} \\mid c)` for every sequence and concept, shape ``(B, C)``."""
+    """:math:`\\log p(o_{1:t} \\mid c)` for every sequence and concept, shape
+    ``(B, C)``."""
     return torch.logsumexp(
         forward_log_alpha(tokens, transitions, emissions, initial), dim=2
     )
 
 
 def prefix_log_likelihoods(tokens, transitions, emissions, initial) -> torch.Tensor:
-    r""":math:`\log p(o_{1:t} \mid c)` for every prefix length ``t``: shape ``(B, C, T)``."""
+    r""":math:`\log p(o_{1:t} \mid c)` for every prefix length ``t``: shape
+    ``(B, C, T)``."""
     args = _check_hmm(tokens, transitions, emissions, initial)
     return _forward(*args, prefixes=True)[1].permute(1, 0, 2)
 
 
 def _predict(la, transitions, emissions):
-    """Next-token law per concept from log forward variables ``(C, B, H)``: ``(B, C, V)``."""
+    """Next-token law per concept from log forward variables ``(C, B, H)``:
+    ``(B, C, V)``."""
     post_h = torch.softmax(
         la, dim=2
     )  # NaN where the sequence is impossible under the concept
@@ -194,7 +204,8 @@ class BayesPrediction:
 
     @property
     def prediction(self) -> torch.Tensor:
-        """The Bayes-optimal next token :math:`\\arg\\max_v p(o_{t+1}=v\\mid o_{1:t})`, ``(B,)``."""
+        """The Bayes-optimal next token
+        :math:`\\arg\\max_v p(o_{t+1}=v\\mid o_{1:t})`, ``(B,)``."""
         return self.predictive.nan_to_num(-1.0).argmax(dim=1)
 
     @property
@@ -243,13 +254,14 @@ def forward_log_alpha_deterministic(
     state_tokens: torch.Tensor,
     initial: torch.Tensor,
 ) -> torch.Tensor:
-    r""":math:`\log\alpha_t` of :func:`forward_log_alpha` for HMMs whose emission is a function
-    of the state (state ``h`` always emits ``state_tokens[h]``), as in GINC.
+    r""":math:`\log\alpha_t` of :func:`forward_log_alpha` for HMMs whose emission is a
+    function of the state (state ``h`` always emits ``state_tokens[h]``), as in GINC.
 
-    Then :math:`\alpha_t` vanishes outside the states :math:`S(o_t)` that emit :math:`o_t`, and
-    each step only needs the block :math:`T[S(o_t), S(o_{t+1})]`: the cost per step is
-    :math:`|S|^2` instead of :math:`H^2`. Returns the same ``(B, C, H)`` tensor as the dense
-    recursion (``-inf`` off the support).
+    Then :math:`\alpha_t` vanishes outside the states :math:`S(o_t)` that emit
+    :math:`o_t`, and each step only needs the block :math:`T[S(o_t), S(o_{t+1})]`: the
+    cost per step is
+    :math:`|S|^2` instead of :math:`H^2`. Returns the same ``(B, C, H)`` tensor as the
+    dense recursion (``-inf`` off the support).
     """
     tokens = check_tensor("tokens", tokens, ndim=2, integer=True)
     transitions = check_tensor("transitions", transitions, ndim=3, floating=True)
@@ -268,7 +280,8 @@ def forward_log_alpha_deterministic(
         initial = initial.unsqueeze(0).expand(B, -1, -1)
     if initial.shape != (B, C, H):
         raise ValueError(
-            f"initial must have shape (C, H) or (B, C, H) with B={B}, C={C}, H={H}, got {tuple(initial.shape)}"
+            f"initial must have shape (C, H) or (B, C, H) with B={B}, C={C}, H={H}, "
+            f"got {tuple(initial.shape)}"
         )
     # the support of every token, padded to the largest one
     counts = torch.bincount(state_tokens, minlength=V)
@@ -314,12 +327,13 @@ def ginc_bayes_predictor(
     concepts="seen",
     dtype: torch.dtype = torch.float64,
 ) -> BayesPrediction:
-    """The Bayes-optimal in-context predictor of a GINC world's pretraining distribution.
+    """The Bayes-optimal in-context predictor of a GINC world's pretraining
+    distribution.
 
-    The prior is uniform over ``concepts`` (by default the pretraining concepts), each with
-    its start law and transitions smoothed by ``epsilon`` (:func:`smooth_transitions`).
-    ``epsilon = 0`` is the unsmoothed pretraining distribution, under which most prompts
-    with examples are impossible.
+    The prior is uniform over ``concepts`` (by default the pretraining concepts), each
+    with its start law and transitions smoothed by ``epsilon``
+    (:func:`smooth_transitions`). ``epsilon = 0`` is the unsmoothed pretraining
+    distribution, under which most prompts with examples are impossible.
     """
     from ..data.ginc import GINC
 
@@ -328,8 +342,8 @@ def ginc_bayes_predictor(
     epsilon = check_float("epsilon", epsilon, minimum=0.0, maximum=1.0)
     idx = world.concept_indices(concepts)
     T = smooth_transitions(world.transition_matrices(idx), epsilon).to(dtype)
-    O = world.emission_matrix().to(dtype)
-    tokens, T, O3, mu = _check_hmm(tokens, T, O, world.start_probs[idx].to(dtype))
+    emit = world.emission_matrix().to(dtype)
+    tokens, T, O3, mu = _check_hmm(tokens, T, emit, world.start_probs[idx].to(dtype))
     la = forward_log_alpha_deterministic(tokens, T, world.state_tokens, mu).permute(
         1, 0, 2
     )  # (C, B, H)
@@ -337,11 +351,13 @@ def ginc_bayes_predictor(
 
 
 def log_likelihood_given_state(tokens, transitions, emissions) -> torch.Tensor:
-    r""":math:`\log p(o_{1:t} \mid h_0 = h, c)` for every previous state ``h``: shape ``(B, C, H)``.
+    r""":math:`\log p(o_{1:t} \mid h_0 = h, c)` for every previous state ``h``: shape
+    ``(B, C, H)``.
 
     ``h_0`` is the hidden state *before* the first token, so the first token's state is
     reached by one transition from it. Computed by the backward recursion
-    :math:`\beta_{s-1}(h) = \sum_{h'} T(h, h')\, O(h', o_s)\, \beta_s(h')`, :math:`\beta_t = 1`, in log space.
+    :math:`\beta_{s-1}(h) = \sum_{h'} T(h, h')\, O(h', o_s)\, \beta_s(h')`,
+    :math:`\beta_t = 1`, in log space.
     """
     C = check_tensor("transitions", transitions, ndim=3, floating=True).shape[0]
     H = transitions.shape[1]
@@ -365,13 +381,15 @@ def log_likelihood_given_state(tokens, transitions, emissions) -> torch.Tensor:
 def distinguishability(
     world, example_length: int, epsilon: float, n_segments: int = 200, seed: int = 0
 ) -> torch.Tensor:
-    r"""The sufficient condition of Chapter 6's concentration theorem, estimated by sampling.
+    r"""The sufficient condition of Chapter 6's concentration theorem, estimated by
+    sampling.
 
-    For a prompt concept :math:`c^\star` and start property :math:`s_0`, a *segment* is a
-    delimiter followed by one example. With smoothed transitions (``epsilon``),
+    For a prompt concept :math:`c^\star` and start property :math:`s_0`, a *segment* is
+    a delimiter followed by one example. With smoothed transitions (``epsilon``),
 
     .. math::
-        D(c^\star, s_0, c) = \mathbb{E}_{\text{seg}}\Big[\log \min_h p_{c^\star}(\text{seg}\mid h)
+        D(c^\star, s_0, c) = \mathbb{E}_{\text{seg}}\Big[\log \min_h
+        p_{c^\star}(\text{seg}\mid h)
         - \log \max_h p_{c}(\text{seg}\mid h)\Big],
 
     the expectation over segments of the prompt distribution (``n_segments`` samples).
