@@ -187,7 +187,7 @@ def pretrain_masked_lm(
 
     # the version changes whenever the language or the training loop changes without a
     # change of the config (the cache does not know the code)
-    entry = cached({"pretrain": config, "version": 3}, build, name="ch4_mlm")
+    entry = cached({"pretrain": config, "version": 4}, build, name="ch4_mlm")
     model = TinyTransformer(_model_config(lang, config), seed=config.seed)
     model.load_state_dict(entry["state"])
     model.eval()
