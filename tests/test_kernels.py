@@ -647,5 +647,30 @@ def test_relative_attention_bias(lang):
         attn.rel_bias[:, 8 - 1 - 1] = 30.0
     h = torch.randn(1, 8, 8, generator=make_generator(6))
     v = attn.qkv(h).split(8, dim=-1)[2]
-    out = attn(h, torch.ones(1, 8, 8, dtype=torch.bool))
+    out = attn(h, torch.zeros(1, 1, 8, 8))  # additive mask: every position allowed
     assert torch.allclose(out[0, 1:], attn.proj(v[0, :-1]), atol=1e-4)
+
+
+@pytest.mark.parametrize("relative_bias", [False, True])
+def test_hidden_at_positions_equals_the_full_computation(lang, relative_bias):
+    cfg = TransformerConfig(
+        vocab_size=lang.vocab_size,
+        max_len=8,
+        d_model=8,
+        n_heads=2,
+        n_layers=2,
+        pad_id=lang.pad_id,
+        relative_bias=relative_bias,
+    )
+    model = TinyTransformer(cfg, seed=4)
+    if relative_bias:
+        with torch.no_grad():
+            for block in model.blocks:
+                block.attn.rel_bias.normal_(generator=make_generator(7))
+    x = torch.tensor([[2, 10, 11, 12, 13, 0, 0, 0], [2, 14, 15, 16, 17, 18, 19, 20]])
+    at = torch.tensor([3, 6])
+    with torch.no_grad():
+        full = model.hidden(x)[torch.arange(2), at]
+        assert torch.allclose(model.hidden(x, at), full, atol=1e-5)
+    with pytest.raises(ValueError, match="at"):
+        model.hidden(x, torch.tensor([3]))

@@ -160,7 +160,10 @@ def pretrain_masked_lm(
         seed_everything(config.seed)
         model = TinyTransformer(_model_config(lang, config), seed=config.seed)
         g = make_generator(config.seed + 1)
-        opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.01)
+        # fused: one kernel for all parameters (about 10% of a step at this size)
+        opt = torch.optim.AdamW(
+            model.parameters(), lr=config.lr, weight_decay=0.01, fused=True
+        )
         sched = torch.optim.lr_scheduler.OneCycleLR(
             opt, max_lr=config.lr, total_steps=config.steps, pct_start=0.1
         )
@@ -184,7 +187,7 @@ def pretrain_masked_lm(
 
     # the version changes whenever the language or the training loop changes without a
     # change of the config (the cache does not know the code)
-    entry = cached({"pretrain": config, "version": 3}, build, name="ch4_mlm")
+    entry = cached({"pretrain": config, "version": 4}, build, name="ch4_mlm")
     model = TinyTransformer(_model_config(lang, config), seed=config.seed)
     model.load_state_dict(entry["state"])
     model.eval()
@@ -218,9 +221,8 @@ class PromptClassifier(nn.Module):
         self.pos_id, self.neg_id = (lang.index[w] for w in label_words)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        h = self.mlm.hidden(tokens)  # (n, T, d)
-        at_mask = (tokens == self.mask_id).to(h.dtype)  # exactly one [MASK] per row
-        h_mask = (at_mask[..., None] * h).sum(1)  # (n, d)
+        at_mask = (tokens == self.mask_id).long().argmax(1)  # one [MASK] per row
+        h_mask = self.mlm.hidden(tokens, at_mask)  # (n, d)
         w, b = self.mlm.decoder.weight, self.mlm.decoder.bias
         return h_mask @ (w[self.pos_id] - w[self.neg_id]) + (
             b[self.pos_id] - b[self.neg_id]
@@ -262,7 +264,8 @@ class CLSClassifier(nn.Module):
                 self.head.bias.fill_(check_float("head[1]", float(head[1])))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.head(self.mlm.hidden(tokens)[:, 0]).squeeze(-1)
+        at_cls = torch.zeros(tokens.shape[0], dtype=torch.long, device=tokens.device)
+        return self.head(self.mlm.hidden(tokens, at_cls)).squeeze(-1)
 
 
 # -- downstream data
