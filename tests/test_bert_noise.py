@@ -166,3 +166,31 @@ def test_training_lowers_the_loss_and_arguments_are_validated():
     assert NoiseTransferConfig(continue_lrs=(0.1,), continue_batch=10).noise_levels[
         0
     ] == pytest.approx(1e-3)
+
+
+class _Masked(torch.nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, tokens, positions):
+        return self.inner.masked_logits(tokens, positions)
+
+
+def test_per_example_gradients_match_a_loop_with_the_fused_attention():
+    # under torch.func the attention is written out; outside it is the fused kernel
+    from torch.func import functional_call, grad, vmap
+
+    w = _Masked(_model(E=1))
+    x, pos = _tokens(n=4), torch.tensor([0, 2, 3, 5])
+    params = {k: v.detach() for k, v in w.named_parameters()}
+
+    def f(p, xi, ti):
+        return functional_call(w, p, (xi[None], ti[None]))[..., 0].sum()
+
+    per = vmap(grad(f), in_dims=(None, 0, 0))(params, x, pos)
+    for i in range(len(x)):
+        w.zero_grad()
+        w(x[i : i + 1], pos[i : i + 1])[..., 0].sum().backward()
+        for k, p in w.named_parameters():
+            torch.testing.assert_close(per[k][i], p.grad, rtol=1e-4, atol=1e-6)

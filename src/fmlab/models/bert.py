@@ -86,6 +86,19 @@ class BertConfig:
         return self.vocab_size
 
 
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """softmax(q kᵀ/√d_head) v for ``(batch, heads, T, d_head)`` tensors.
+
+    One fused kernel in ordinary calls; written out under ``torch.func`` transforms
+    (per-example gradients), where the fused CPU kernel has no batching rule and would
+    run once per example.
+    """
+    if torch._C._functorch.is_functorch_wrapped_tensor(q):
+        att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), dim=-1)
+        return att @ v
+    return F.scaled_dot_product_attention(q, k, v)
+
+
 class EnsembleBert(nn.Module):
     """``n_models`` BERT-style masked LMs (see the module docstring).
 
@@ -170,9 +183,9 @@ class EnsembleBert(nn.Module):
         return tokens
 
     def _norm(self, h: torch.Tensor) -> torch.Tensor:
-        mu = h.mean(-1, keepdim=True)
-        var = (h - mu).pow(2).mean(-1, keepdim=True)
-        return (h - mu) / torch.sqrt(var + self.config.eps)
+        # N(h) in one fused kernel (no gain, no bias): the same function as
+        # (h - mean) / sqrt(var + eps) with the biased variance
+        return F.layer_norm(h, h.shape[-1:], eps=self.config.eps)
 
     def _linear(self, x, w, b):
         E = x.shape[0]
@@ -198,9 +211,8 @@ class EnsembleBert(nn.Module):
         for i in range(c.n_layers):
             p = lambda name: getattr(self, f"l{i}_{name}")  # noqa: E731
             qkv = self._linear(h, p("qkv_w"), p("qkv_b"))
-            q, k, v = qkv.reshape(E, n, T, 3, H, dh).permute(3, 0, 1, 4, 2, 5)
-            att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(dh), dim=-1)
-            mix = (att @ v).permute(0, 1, 3, 2, 4).reshape(E, n, T, d)
+            q, k, v = qkv.reshape(E * n, T, 3, H, dh).permute(2, 0, 3, 1, 4)
+            mix = _attention(q, k, v).transpose(1, 2).reshape(E, n, T, d)
             h = self._norm(h + self._linear(mix, p("o_w"), p("o_b")))
             ff = F.gelu(self._linear(h, p("ff1_w"), p("ff1_b")))
             h = self._norm(h + self._linear(ff, p("ff2_w"), p("ff2_b")))

@@ -2,17 +2,18 @@
 
 Used in Chapter 5 (``notebooks/05-implicit-bias.ipynb``). A forward recurrent network
 reads the sentence left to right and a backward one right to left. The prediction for
-position :math:`t` reads only the forward state *before* :math:`t` and the backward state
-*after* it,
+position :math:`t` reads only the forward state *before* :math:`t` and the backward
+state *after* it,
 
 .. math::
-    p_\\theta(x_t = \\cdot \\mid x_{-t}) = \\mathrm{softmax}\\big(W_2\\, \\mathrm{gelu}(W_1
-    [\\overrightarrow{h}_{t-1}; \\overleftarrow{h}_{t+1}] + b_1) + b_2\\big),
+    p_\\theta(x_t = \\cdot \\mid x_{-t}) = \\mathrm{softmax}\\big(W_2\\,
+    \\mathrm{gelu}(W_1 [\\overrightarrow{h}_{t-1}; \\overleftarrow{h}_{t+1}] + b_1)
+    + b_2\\big),
 
-so it never sees :math:`x_t`: it is exactly a single-mask masked language model, and one pass
-over a sentence gives the predictions for all :math:`T` choices of the masked position (the
-structure of the forward-backward algorithm). Liu et al. (2023) used LSTMs on their HMM
-data; the cell here is a GRU,
+so it never sees :math:`x_t`: it is exactly a single-mask masked language model, and one
+pass over a sentence gives the predictions for all :math:`T` choices of the masked
+position (the structure of the forward-backward algorithm). Liu et al. (2023) used LSTMs
+on their HMM data; the cell here is a GRU,
 
 .. math::
     r, z = \\sigma(a_{r,z} + U_{r,z} h_{t-1} + c_{r,z}),\\quad
@@ -26,10 +27,11 @@ position, :math:`[\\overrightarrow{h}_t; \\overleftarrow{h}_t]` computed on the 
 sentence, concatenated over positions (the linear-probe protocol of Liu et al., 2023).
 
 **An ensemble in one module.** ``n_models`` independent models live in the same tensors,
-with a leading ensemble axis, and run with batched matrix products. Training the *sum* of
-their losses with an elementwise optimizer (SGD, Adam) trains each member exactly as if it
-were alone, at a fraction of the cost of separate runs on a CPU. Everything is plain tensor
-code, so ``torch.func`` transforms (per-example gradients, Hessian-vector products) apply.
+with a leading ensemble axis, and run with batched matrix products. Training the *sum*
+of their losses with an elementwise optimizer (SGD, Adam) trains each member exactly as
+if it were alone, at a fraction of the cost of separate runs on a CPU. Everything is
+plain tensor code, so ``torch.func`` transforms (per-example gradients, Hessian-vector
+products) apply.
 """
 
 from __future__ import annotations
@@ -97,7 +99,8 @@ class BiGRUMaskedLM(nn.Module):
 
     # -- helpers ------------------------------------------------------------------
     def check_tokens(self, tokens) -> torch.Tensor:
-        """Validate token ids (range included); the transforms-friendly methods check shapes only."""
+        """Validate token ids (range included); the transforms-friendly methods check
+        shapes only."""
         tokens = self._tokens(tokens)
         if tokens.numel() and (
             int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size
@@ -116,46 +119,53 @@ class BiGRUMaskedLM(nn.Module):
             tokens = tokens.expand(self.n_models, *tokens.shape)
         if tokens.ndim != 3 or tokens.shape[0] != self.n_models:
             raise ValueError(
-                f"tokens must have shape (n, T) or ({self.n_models}, n, T), got {tuple(tokens.shape)}"
+                f"tokens must have shape (n, T) or ({self.n_models}, n, T), "
+                f"got {tuple(tokens.shape)}"
             )
         return tokens
 
     def states(self, tokens: torch.Tensor) -> torch.Tensor:
         """States after reading each position: ``(E, 2, n, T, hidden)``.
 
-        ``[:, 0, :, t]`` is :math:`\\overrightarrow{h}_t` (read :math:`x_1..x_t`) and ``[:, 1, :, t]``
+        ``[:, 0, :, t]`` is :math:`\\overrightarrow{h}_t` (read :math:`x_1..x_t`) and
+        ``[:, 1, :, t]``
         is :math:`\\overleftarrow{h}_t` (read :math:`x_T..x_t`).
         """
         tok = self._tokens(tokens)
         E, n, T = tok.shape
-        h = self.hidden
+        h, V = self.hidden, self.vocab_size
         seq = torch.stack([tok, tok.flip(-1)], dim=1).reshape(E * 2, n * T)  # (2E, nT)
-        emb = self.emb.reshape(E * 2, self.vocab_size, 3 * h)
-        a = torch.gather(emb, 1, seq.unsqueeze(-1).expand(-1, -1, 3 * h)).reshape(
+        # a = Emb(x_t) for every position at once: one-hot rows times the table (a
+        # batched product, cheaper to differentiate than a gather for a small V)
+        onehot = (seq[..., None] == torch.arange(V)).to(self.emb.dtype)  # vmap-safe
+        a = torch.bmm(onehot, self.emb.reshape(E * 2, V, 3 * h)).reshape(
             E * 2, n, T, 3 * h
         )
+        # per-position views made once (slicing a[:, :, t] inside the loop would make
+        # autograd write T full-size zero tensors on the way back)
+        a_rz, a_n = a[..., : 2 * h].unbind(2), a[..., 2 * h :].unbind(2)
         U = self.rec.reshape(E * 2, h, 3 * h)
         c = self.rec_bias.reshape(E * 2, 1, 3 * h)
         state = self.h0.reshape(E * 2, 1, h).expand(E * 2, n, h)
         out = []
         for t in range(T):
-            a_r, a_z, a_n = a[:, :, t].chunk(3, dim=-1)
-            b_r, b_z, b_n = torch.baddbmm(c, state, U).chunk(3, dim=-1)
-            r = torch.sigmoid(a_r + b_r)
-            z = torch.sigmoid(a_z + b_z)
-            cand = torch.tanh(a_n + r * b_n)
+            b_rz, b_n = torch.baddbmm(c, state, U).split((2 * h, h), dim=-1)
+            r, z = torch.sigmoid(a_rz[t] + b_rz).chunk(2, dim=-1)
+            cand = torch.tanh(a_n[t] + r * b_n)
             state = (1 - z) * cand + z * state
             out.append(state)
         s = torch.stack(out, dim=2).reshape(E, 2, n, T, h)
         return torch.stack([s[:, 0], s[:, 1].flip(-2)], dim=1)
 
     def features(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Contextual representations :math:`[\\overrightarrow{h}_t;\\overleftarrow{h}_t]`: ``(E, n, T, 2 hidden)``."""
+        """Contextual representations, ``(E, n, T, 2 hidden)``:
+        :math:`[\\overrightarrow{h}_t;\\overleftarrow{h}_t]`."""
         s = self.states(tokens)
         return torch.cat([s[:, 0], s[:, 1]], dim=-1)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Masked-token logits for every position: ``(E, n, T, V)``; position ``t`` ignores token ``t``."""
+        """Masked-token logits for every position: ``(E, n, T, V)``; position ``t``
+        ignores token ``t``."""
         s = self.states(tokens)
         E, _, n, T, h = s.shape
         h0 = self.h0.expand(E, 2, n, h)
@@ -191,9 +201,11 @@ def masked_lm_logits(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
 def member_losses(
     model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """Each member's masked-LM loss :math:`\\frac{1}{nT}\\sum_{i,t} -\\log p_\\theta(y_{it} \\mid x_{i,-t})`: ``(E,)``.
+    """Each member's masked-LM loss, ``(E,)``:
+    :math:`\\frac{1}{nT}\\sum_{i,t} -\\log p_\\theta(y_{it} \\mid x_{i,-t})`.
 
-    The mask position is uniform, and all :math:`T` positions of each sentence are scored
+    The mask position is uniform, and all :math:`T` positions of each sentence are
+    scored
     (an unbiased, lower-variance estimate of the same population loss). ``targets``
     (shaped like ``tokens`` or ``(E, n, T)``) default to the tokens themselves; the
     sampled-label Fisher estimator passes labels drawn from the model instead.
@@ -204,7 +216,8 @@ def member_losses(
     y = y.expand(E, n, T) if y.ndim == 2 else y
     if tuple(y.shape) != (E, n, T):
         raise ValueError(
-            f"targets must have shape (n, T) or (E, n, T) = ({E}, {n}, {T}), got {tuple(y.shape)}"
+            f"targets must have shape (n, T) or (E, n, T) = ({E}, {n}, {T}), "
+            f"got {tuple(y.shape)}"
         )
     nll = F.cross_entropy(logits.reshape(-1, V), y.reshape(-1), reduction="none")
     return nll.reshape(E, n * T).mean(1)
@@ -213,5 +226,6 @@ def member_losses(
 def masked_lm_loss(
     model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """The *sum* over members of :func:`member_losses` (a scalar to train all members at once)."""
+    """The *sum* over members of :func:`member_losses` (a scalar to train all
+    members at once)."""
     return member_losses(model, tokens, targets).sum()
