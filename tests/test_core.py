@@ -180,3 +180,38 @@ def test_cache_write_is_atomic(tmp_path, monkeypatch):
         cached(_Cfg(a=5), lambda: {"w": torch.ones(2)}, name="demo")
     monkeypatch.setattr(torch, "save", real_save)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_train_scheduled_follows_the_schedule_and_calls_back():
+    from fmlab.train import train_scheduled
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    x, y = torch.randn(16, 3), torch.randn(16, 1)
+    start = model.weight.detach().clone()
+    seen = []
+
+    def step_loss(s):
+        return ((model(x) - y) ** 2).mean()
+
+    # a factor of 0 on every step: the weights never move, the callback still runs
+    train_scheduled(
+        model,
+        step_loss,
+        steps=6,
+        lr=0.1,
+        optimizer="sgd",
+        lr_factor=lambda s: 0.0,
+        every=2,
+        callback=seen.append,
+    )
+    assert torch.equal(model.weight, start) and seen == [2, 4, 6]
+    before = float(step_loss(0))
+    train_scheduled(
+        model, step_loss, steps=20, lr=0.1, optimizer="sgd", lr_factor=lambda s: 1.0
+    )
+    assert float(step_loss(0)) < before
+    with pytest.raises(ValueError, match="optimizer"):
+        train_scheduled(
+            model, step_loss, steps=1, lr=0.1, optimizer="rmsprop", lr_factor=float
+        )

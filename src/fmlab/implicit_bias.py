@@ -38,7 +38,7 @@ from .data.hmm_language import HMMLanguage, HMMLanguageConfig
 from .models.masked_lm import BiGRUMaskedLM, masked_lm_loss
 from .repro import make_generator, single_threaded
 from .theory.flatness import TraceEstimate, fisher_trace, hutchinson_trace
-from .train import progress
+from .train import train_scheduled
 
 __all__ = [
     "GRU_BLOCKS",
@@ -394,19 +394,14 @@ def train_phase(
     adversarial_weight = check_float(
         "adversarial_weight", adversarial_weight, minimum=0.0
     )
-    if optimizer not in ("adam", "sgd"):
-        raise ValueError(f"optimizer must be 'adam' or 'sgd', got {optimizer!r}")
-    opt = (torch.optim.Adam if optimizer == "adam" else torch.optim.SGD)(
-        model.parameters(), lr=lr
-    )
 
     def factor(s):
         w = min(1.0, (s + 1) / warmup) if warmup else 1.0
         return w * (0.5 * (1 + math.cos(math.pi * s / steps)) if cosine else 1.0)
 
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
     E, S = model.n_models, language.config.states_per_block
-    for s in progress(range(steps), total=steps, desc=desc):
+
+    def step_loss(s):
         tok, _ = language.sample(batch * E, generator)
         loss = masked_lm_loss(model, tok.reshape(E, batch, -1))
         if adversarial_weight > 0:
@@ -419,12 +414,19 @@ def train_phase(
                     model, dt, blocks, language.config.n_blocks, ridge
                 ).sum()
             )
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        sched.step()
-        if every and callback is not None and (s + 1) % every == 0:
-            callback(s + 1)
+        return loss
+
+    train_scheduled(
+        model,
+        step_loss,
+        steps=steps,
+        lr=lr,
+        optimizer=optimizer,
+        lr_factor=factor,
+        every=every,
+        callback=callback,
+        desc=desc,
+    )
 
 
 # ---------------------------------------------------------------------------------

@@ -44,7 +44,7 @@ from .implicit_bias import probe_curve
 from .models.bert import HEAD_PARAMETERS, BertConfig, EnsembleBert, masked_lm_nll
 from .repro import make_generator, single_threaded
 from .theory.flatness import TraceEstimate, fisher_trace
-from .train import progress
+from .train import train_scheduled
 
 __all__ = [
     "NoiseTransferConfig",
@@ -192,15 +192,10 @@ def train_bert(
     decay_fraction = check_float(
         "decay_fraction", decay_fraction, minimum=0.0, maximum=1.0
     )
-    if optimizer not in ("adam", "sgd"):
-        raise ValueError(f"optimizer must be 'adam' or 'sgd', got {optimizer!r}")
     if schedule not in ("cosine", "constant-then-decay"):
         raise ValueError(
             f"schedule must be 'cosine' or 'constant-then-decay', got {schedule!r}"
         )
-    opt = (torch.optim.Adam if optimizer == "adam" else torch.optim.SGD)(
-        model.parameters(), lr=lr
-    )
     flat = int(round(steps * (1 - decay_fraction)))
 
     def factor(s):
@@ -209,18 +204,24 @@ def train_bert(
             return w * 0.5 * (1 + math.cos(math.pi * s / steps))
         return 1.0 if s < flat else (steps - s) / max(1, steps - flat)
 
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
     E, T = model.n_models, model.config.length
-    for s in progress(range(steps), total=steps, desc=desc):
+
+    def step_loss(s):
         tok, _ = language.sample(batch * E, generator)
         pos = torch.randint(0, T, (E, batch), generator=generator)
-        loss = masked_lm_nll(model, tok.reshape(E, batch, T), pos).sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        sched.step()
-        if every and callback is not None and (s + 1) % every == 0:
-            callback(s + 1)
+        return masked_lm_nll(model, tok.reshape(E, batch, T), pos).sum()
+
+    train_scheduled(
+        model,
+        step_loss,
+        steps=steps,
+        lr=lr,
+        optimizer=optimizer,
+        lr_factor=factor,
+        every=every,
+        callback=callback,
+        desc=desc,
+    )
 
 
 @dataclass(frozen=True)

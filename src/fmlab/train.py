@@ -22,7 +22,7 @@ from torch import nn
 from ._validate import check_choice, check_float, check_int
 from .repro import config_hash, seed_offset
 
-__all__ = ["progress", "train", "TrainResult", "cache_dir", "cached"]
+__all__ = ["progress", "train", "train_scheduled", "TrainResult", "cache_dir", "cached"]
 
 
 def _progress_enabled() -> bool:
@@ -133,6 +133,43 @@ def train(
             saved[step + 1] = snapshot()
     model.eval()
     return TrainResult(losses=losses, checkpoints=saved)
+
+
+def train_scheduled(
+    model: nn.Module,
+    step_loss: Callable[[int], torch.Tensor],
+    *,
+    steps: int,
+    lr: float,
+    optimizer: str,
+    lr_factor: Callable[[int], float],
+    every: int = 0,
+    callback: Callable[[int], None] | None = None,
+    desc: str = "training",
+) -> None:
+    """Minimise ``step_loss(step)`` in place, with the learning rate
+    ``lr * lr_factor(step)`` (Chapter 5's two training loops).
+
+    ``step_loss(step)`` draws its own batch and returns a scalar; ``optimizer`` is
+    ``"adam"`` or ``"sgd"``; ``callback(step)`` runs after every ``every`` steps
+    (``step`` counts the updates made so far). Unlike :func:`train` it keeps no loss
+    history and no checkpoints: the callers evaluate what they need in the callback.
+    """
+    steps = check_int("steps", steps, minimum=0)
+    lr = check_float("lr", lr, minimum=0.0, strict_min=True)
+    check_choice("optimizer", optimizer, ("adam", "sgd"))
+    opt = (torch.optim.Adam if optimizer == "adam" else torch.optim.SGD)(
+        model.parameters(), lr=lr
+    )
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor)
+    for s in progress(range(steps), total=steps, desc=desc):
+        loss = step_loss(s)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sched.step()
+        if every and callback is not None and (s + 1) % every == 0:
+            callback(s + 1)
 
 
 def cache_dir() -> Path:
