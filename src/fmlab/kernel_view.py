@@ -39,6 +39,7 @@ from ._validate import check_choice, check_float, check_int, check_tensor
 from .data.sentiment_language import SentimentLanguage, SentimentLanguageConfig
 from .models.transformer import TinyTransformer, TransformerConfig
 from .repro import make_generator, seed_everything
+from .theory.kernels import newton_minimize
 from .train import cached, progress
 
 __all__ = [
@@ -468,26 +469,14 @@ def fit_logistic_regression(
     def objective(t):
         return float(F.softplus(-y * (za @ t)).mean() + 0.5 * (pen * t * t).sum())
 
-    value = objective(theta)
-    for _ in range(max_iter):
-        p = torch.sigmoid(-y * (za @ theta))
-        grad = za.T @ (-y * p) / n + pen * theta
+    def newton_step(t):
+        p = torch.sigmoid(-y * (za @ t))
+        grad = za.T @ (-y * p) / n + pen * t
         hess = za.T @ ((p * (1 - p))[:, None] * za) / n + torch.diag(pen)
         hess = hess + 1e-10 * torch.eye(d + 1, dtype=torch.float64)
-        step = torch.linalg.solve(hess, grad)
-        t = 1.0
-        while t > 1e-8:
-            new = theta - t * step
-            new_value = objective(new)
-            if new_value <= value - 1e-4 * t * float(grad @ step):
-                break
-            t *= 0.5
-        else:
-            break
-        converged = value - new_value <= tol * max(1.0, abs(value))
-        theta, value = new, new_value
-        if converged:
-            break
+        return grad, torch.linalg.solve(hess, grad)
+
+    theta = newton_minimize(objective, newton_step, theta, max_iter=max_iter, tol=tol)
     return theta[:d], float(theta[d])
 
 

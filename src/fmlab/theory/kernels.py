@@ -46,6 +46,7 @@ __all__ = [
     "empirical_ntk_autograd_loop",
     "linearized_outputs",
     "kernel_distance",
+    "newton_minimize",
     "fit_kernel_logistic",
     "kernel_predict",
     "lora_projected_kernel",
@@ -407,6 +408,41 @@ def kernel_distance(k0: torch.Tensor, k1: torch.Tensor) -> float:
     return float((k1.double() - k0.double()).norm()) / denom
 
 
+def newton_minimize(
+    objective,
+    newton_step,
+    x0: torch.Tensor,
+    *,
+    max_iter: int,
+    tol: float,
+) -> torch.Tensor:
+    """Damped Newton's method for a smooth convex objective (float64).
+
+    ``newton_step(x)`` returns ``(gradient, step)`` with ``step`` the Newton direction
+    :math:`H^{-1}\nabla`; a backtracking (Armijo) line search keeps every iterate
+    monotone. Stops after ``max_iter`` steps, when the relative decrease falls below
+    ``tol``, or when no step length down to 1e-8 decreases the objective. Shared by
+    :func:`fit_kernel_logistic` and :func:`fmlab.kernel_view.fit_logistic_regression`.
+    """
+    x, value = x0, objective(x0)
+    for _ in range(max_iter):
+        grad, step = newton_step(x)
+        t = 1.0
+        while t > 1e-8:
+            new = x - t * step
+            new_value = objective(new)
+            if new_value <= value - 1e-4 * t * float(grad @ step):
+                break
+            t *= 0.5
+        else:
+            break
+        converged = value - new_value <= tol * max(1.0, abs(value))
+        x, value = new, new_value
+        if converged:
+            break
+    return x
+
+
 def fit_kernel_logistic(
     k_train: torch.Tensor,
     y: torch.Tensor,
@@ -475,32 +511,18 @@ def fit_kernel_logistic(
             + 0.5 * reg * a @ s @ a
         )
 
-    value = objective(alpha)
-    for _ in range(max_iter):
-        margin = y * (f0 + k @ alpha)
-        p = torch.sigmoid(-margin)  # -dloss/dmargin
-        grad = k.T @ (-y * p) / n + reg * s @ alpha
+    def newton_step(a):
+        p = torch.sigmoid(-y * (f0 + k @ a))  # -dloss/dmargin
+        grad = k.T @ (-y * p) / n + reg * s @ a
         w = p * (1 - p)
         hess = (
             k.T @ (w[:, None] * k) / n
             + reg * s
             + jitter * torch.eye(n, dtype=torch.float64)
         )
-        step = torch.linalg.lstsq(hess, grad[:, None]).solution[:, 0]
-        t = 1.0
-        while t > 1e-8:  # backtracking line search keeps Newton monotone
-            new = alpha - t * step
-            new_value = objective(new)
-            if new_value <= value - 1e-4 * t * float(grad @ step):
-                break
-            t *= 0.5
-        else:
-            break
-        converged = value - new_value <= tol * max(1.0, abs(value))
-        alpha, value = new, new_value
-        if converged:
-            break
-    return alpha
+        return grad, torch.linalg.lstsq(hess, grad[:, None]).solution[:, 0]
+
+    return newton_minimize(objective, newton_step, alpha, max_iter=max_iter, tol=tol)
 
 
 def kernel_predict(
