@@ -284,6 +284,20 @@ def next_token_logits(
     )
 
 
+def _seen_documents(world: GINC, n_documents: int, length: int, seed: int):
+    """``n_documents`` fresh pretraining documents of ``length`` tokens and their prefix
+    log-likelihoods ``(B, C, length)`` under each pretraining concept (no smoothing)."""
+    docs = world.sample_documents(n_documents, length, make_generator(seed))
+    idx = world.seen_concepts
+    lls = prefix_log_likelihoods(
+        docs.tokens,
+        world.transition_matrices(idx),
+        world.emission_matrix(),
+        world.start_probs[idx],
+    )
+    return docs, lls
+
+
 def bayes_pretraining_loss(
     world: GINC, length: int, n_documents: int = 256, seed: int = 0
 ) -> float:
@@ -298,16 +312,9 @@ def bayes_pretraining_loss(
         raise TypeError(f"world must be a GINC, got {type(world).__name__}")
     length = check_int("length", length, minimum=2)
     n_documents = check_int("n_documents", n_documents, minimum=1)
-    docs = world.sample_documents(n_documents, length, make_generator(seed))
-    idx = world.seen_concepts
-    lls = prefix_log_likelihoods(
-        docs.tokens,
-        world.transition_matrices(idx),
-        world.emission_matrix(),
-        world.start_probs[idx],
-    )  # (B, C, T)
+    _, lls = _seen_documents(world, n_documents, length, seed)  # (B, C, T)
     mix = torch.logsumexp(
-        lls - math.log(len(idx)), dim=1
+        lls - math.log(len(world.seen_concepts)), dim=1
     )  # log p(o_{1:t}) under the mixture
     return -(mix[:, -1] - mix[:, 0]).mean().item() / (length - 1)
 
@@ -725,14 +732,8 @@ def document_losses(
     n_documents = check_int("n_documents", n_documents, minimum=1)
     seed = check_int("seed", seed, minimum=0)
     skip = check_int("skip", skip, minimum=2, maximum=length - 1)
-    docs = world.sample_documents(n_documents, length, make_generator(seed))
+    docs, lls = _seen_documents(world, n_documents, length, seed)  # lls (B, C, L)
     idx = world.seen_concepts
-    lls = prefix_log_likelihoods(
-        docs.tokens,
-        world.transition_matrices(idx),
-        world.emission_matrix(),
-        world.start_probs[idx],
-    )  # (B, C, L)
     own = lls[torch.arange(n_documents), docs.concepts]  # the document's own concept
     losses = {
         "model": _token_losses(model, docs.tokens),
