@@ -141,20 +141,25 @@ def test_lr_schedule_warms_up_then_follows_a_cosine_to_the_floor():
         lr_schedule(101, steps=101, warmup=10)
 
 
+def _tiny_pretraining(tiny, steps):
+    """A transformer pretraining config small enough for a unit test."""
+    return GINCPretrainConfig(
+        world=tiny.config,
+        width=8,
+        n_heads=2,
+        steps=steps,
+        warmup=1,
+        batch_size=4,
+        window=12,
+    )
+
+
 def test_transformer_pretraining_is_cached_and_evaluated_within_its_window(
     tmp_path, monkeypatch, tiny
 ):
     monkeypatch.setenv("FMLAB_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("FMLAB_PROGRESS", "0")
-    cfg = GINCPretrainConfig(
-        world=tiny.config,
-        width=8,
-        n_heads=2,
-        steps=4,
-        warmup=1,
-        batch_size=4,
-        window=12,
-    )
+    cfg = _tiny_pretraining(tiny, steps=4)
     first = pretrain_ginc_lm(cfg)
     assert first["losses"].shape == (4,) and math.isfinite(first["val_loss"])
     second = pretrain_ginc_lm(cfg)
@@ -219,15 +224,7 @@ def test_pretrain_config_validates_its_arguments():
 def test_evaluation_is_cached_and_round_trips(tmp_path, monkeypatch, tiny):
     monkeypatch.setenv("FMLAB_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("FMLAB_PROGRESS", "0")
-    cfg = GINCPretrainConfig(
-        world=tiny.config,
-        width=8,
-        n_heads=2,
-        steps=3,
-        warmup=1,
-        batch_size=4,
-        window=12,
-    )
+    cfg = _tiny_pretraining(tiny, steps=3)
     kw = dict(seeds=(1, 2), n_prompts=15, epsilon=0.1)
     first = evaluate_in_context(cfg, (0, 2), (3,), **kw)
     assert len(list(tmp_path.glob("ginc_icl-*.pt"))) == 1
