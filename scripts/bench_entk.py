@@ -31,14 +31,14 @@ import platform
 
 import torch
 
-from fmlab.data.sentiment_language import SentimentLanguage
-from fmlab.kernel_view import (
+from fmlab.adapt.lora import only_targets_trainable
+from fmlab.chapters.ch4_kernel_view import (
     PretrainConfig,
     PromptClassifier,
     pretrain_masked_lm,
     test_set,
 )
-from fmlab.lora import only_targets_trainable
+from fmlab.data.sentiment_language import SentimentLanguage
 from fmlab.theory.kernels import time_entk
 
 

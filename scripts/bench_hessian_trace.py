@@ -7,7 +7,8 @@ Run from the repository root:
 The model is a one-member bidirectional-GRU masked LM of Chapter 5
 (``notebooks/05-implicit-bias.ipynb``), briefly trained on the chapter's HMM language so
 that the Hessian is that of a model near a minimum; the loss is the masked-LM loss on a
-fixed batch of sentences (``fmlab.implicit_bias.block_trace_comparison``). The exact
+fixed batch of sentences
+(``fmlab.chapters.ch5_implicit_bias.block_trace_comparison``). The exact
 trace of each parameter block (the recurrent encoder, the MLP head) sums the diagonal
 with one Hessian-vector product per parameter
 (``fmlab.theory.flatness.hessian_block_traces_exact``); Hutchinson's estimator uses
@@ -23,7 +24,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fmlab.implicit_bias import block_trace_comparison
+from fmlab.chapters.ch5_implicit_bias import block_trace_comparison
 
 
 def main(argv=None) -> int:

@@ -1,16 +1,15 @@
 """fmlab: the library behind *The Theory of Foundation Models, Executed*.
 
-The public API; each name's docstring says which chapter uses it.
+The top level holds the core (claims, seeding, training loop, figures). The layers
+below it, each importing only those above it in this list:
+
+- :mod:`fmlab.theory`: exact mathematics on tensors;
+- :mod:`fmlab.data` and :mod:`fmlab.models`: generators with exact probabilities, and
+  one file per model;
+- :mod:`fmlab.adapt`: probes, fine-tuning and LoRA shared by chapters;
+- :mod:`fmlab.chapters`: each chapter's configs, runners, results and figures.
 """
 
-from .adapt import (
-    Moments,
-    ball_constrained_least_squares,
-    fine_tune,
-    linear_probe,
-    quadratic_loss,
-    second_moments,
-)
 from .claims import ClaimFailed, SeedEffect, claim, claims_table, finding, reset_claims
 from .repro import (
     config_hash,
@@ -27,12 +26,6 @@ from .viz import PALETTE, fig_to_png, slider_figure, use_style
 __version__ = "0.1.0"
 
 __all__ = [
-    "Moments",
-    "ball_constrained_least_squares",
-    "fine_tune",
-    "linear_probe",
-    "quadratic_loss",
-    "second_moments",
     "ClaimFailed",
     "SeedEffect",
     "claim",

@@ -26,7 +26,8 @@ is the ``[MASK]`` token. With :math:`N(h) = (h - \\bar h)/\\sqrt{\\mathrm{var}(h
 The representation :math:`\\phi` has :math:`\\lVert\\phi_t\\rVert^2 \\approx d` whatever
 the weights, so the decoder :math:`(D, c)` cannot be rescaled against the layer before
 it: at a given prediction its share of the trace of the Hessian is fixed (see
-:func:`fmlab.sgd_noise.head_trace_closed_form`). The *contextual representation* handed
+:func:`fmlab.chapters.ch5_sgd_noise.head_trace_closed_form`). The *contextual
+representation* handed
 to downstream linear probes is :math:`(\\phi_1, \\dots, \\phi_T)` of the unmasked
 sentence, concatenated (the protocol of Liu et al., 2023).
 

@@ -14,9 +14,9 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from .._validate import check_int, check_tensor
+from .._validate import check_float, check_int, check_tensor
 
-__all__ = ["MLP", "MaskedViewPredictor"]
+__all__ = ["MLP", "MaskedViewPredictor", "SphereEncoder"]
 
 
 class MLP(nn.Module):
@@ -84,3 +84,34 @@ class MaskedViewPredictor(nn.Module):
 
     def forward(self, xa: torch.Tensor) -> torch.Tensor:
         return self.decoder(self.features(xa))
+
+
+class SphereEncoder(nn.Module):
+    """An MLP whose output is rescaled to the sphere of radius ``radius``:
+    :math:`\\lVert f(x)\\rVert = R`.
+
+    Bounded representations keep the contrastive loss from being driven to zero by scale
+    alone (Arora et al. assume :math:`\\lVert f(x)\\rVert \\le R`).
+    """
+
+    def __init__(
+        self,
+        dim_in: int,
+        *,
+        width: int = 64,
+        depth: int = 2,
+        rep_dim: int = 8,
+        radius: float = 2.0,
+    ):
+        super().__init__()
+        depth = check_int("depth", depth, minimum=1)
+        self.radius = check_float("radius", radius, minimum=0.0, strict_min=True)
+        self.net = MLP(
+            [check_int("dim_in", dim_in, minimum=1)]
+            + [check_int("width", width, minimum=1)] * depth
+            + [check_int("rep_dim", rep_dim, minimum=1)]
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        g = self.net(x)
+        return self.radius * g / g.norm(dim=1, keepdim=True).clamp_min(1e-12)

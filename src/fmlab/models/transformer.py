@@ -23,6 +23,7 @@ the empirical NTK of Chapter 4 (``notebooks/04-kernel-view.ipynb``) relies on.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 
@@ -33,7 +34,7 @@ from torch.nn import functional as F
 from .._validate import check_float, check_int, check_tensor
 from ..repro import make_generator
 
-__all__ = ["TransformerConfig", "TinyTransformer"]
+__all__ = ["TransformerConfig", "TinyTransformer", "PromptClassifier", "CLSClassifier"]
 
 
 @dataclass(frozen=True)
@@ -253,3 +254,77 @@ class TinyTransformer(nn.Module):
     def n_params(self) -> int:
         """Number of trainable scalars."""
         return sum(p.numel() for p in self.parameters())
+
+
+class PromptClassifier(nn.Module):
+    """Prompt-based output: :math:`f(x) = \\text{logit}_{great} -
+    \\text{logit}_{terrible}` at ``[MASK]``.
+
+    ``lang`` is the language the model was pretrained on; only its word index
+    (``lang.index``, word to token id) and ``lang.mask_id`` are used. ``label_words``
+    names the words for :math:`y=+1` and :math:`y=-1` (other choices make a less natural
+    prompt)."""
+
+    def __init__(
+        self,
+        mlm: TinyTransformer,
+        lang,
+        label_words: tuple[str, str] = ("great", "terrible"),
+    ):
+        super().__init__()
+        if not isinstance(mlm, TinyTransformer):
+            raise TypeError(f"mlm must be a TinyTransformer, got {type(mlm).__name__}")
+        if len(label_words) != 2 or any(w not in lang.index for w in label_words):
+            raise ValueError(
+                f"label_words must be two words of the vocabulary, got {label_words!r}"
+            )
+        self.mlm = copy.deepcopy(mlm)
+        self.mask_id = lang.mask_id
+        self.pos_id, self.neg_id = (lang.index[w] for w in label_words)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        at_mask = (tokens == self.mask_id).long().argmax(1)  # one [MASK] per row
+        h_mask = self.mlm.hidden(tokens, at_mask)  # (n, d)
+        w, b = self.mlm.decoder.weight, self.mlm.decoder.bias
+        return h_mask @ (w[self.pos_id] - w[self.neg_id]) + (
+            b[self.pos_id] - b[self.neg_id]
+        )
+
+
+class CLSClassifier(nn.Module):
+    """Standard output: a new linear head on the ``[CLS]`` position, :math:`f(x) =
+    \\Gamma^\\top h_0(x) + c`.
+
+    ``head=(Gamma, c)`` sets the head (the linear-probing solution, as in the paper);
+    otherwise it is drawn :math:`\\Gamma \\sim \\mathcal N(0, I/d)` from ``seed``, with
+    :math:`c = 0`.
+    """
+
+    def __init__(
+        self,
+        mlm: TinyTransformer,
+        *,
+        seed: int | None = None,
+        head: tuple[torch.Tensor, float] | None = None,
+    ):
+        super().__init__()
+        if not isinstance(mlm, TinyTransformer):
+            raise TypeError(f"mlm must be a TinyTransformer, got {type(mlm).__name__}")
+        if (seed is None) == (head is None):
+            raise ValueError("give exactly one of seed (a random head) and head")
+        self.mlm = copy.deepcopy(mlm)
+        d = mlm.config.d_model
+        self.head = nn.Linear(d, 1)
+        with torch.no_grad():
+            if head is None:
+                g = make_generator(check_int("seed", seed, minimum=0))
+                self.head.weight.copy_(torch.randn(1, d, generator=g) / d**0.5)
+                self.head.bias.zero_()
+            else:
+                weight = check_tensor("head[0]", head[0], shape=(d,), floating=True)
+                self.head.weight.copy_(weight[None].float())
+                self.head.bias.fill_(check_float("head[1]", float(head[1])))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        at_cls = torch.zeros(tokens.shape[0], dtype=torch.long, device=tokens.device)
+        return self.head(self.mlm.hidden(tokens, at_cls)).squeeze(-1)

@@ -28,7 +28,7 @@ the jump to a fresh example can have probability zero under every pretraining HM
 then the posterior is 0/0. :func:`smooth_transitions` mixes every transition matrix with
 the uniform one, :math:`T^{(\\varepsilon)} = (1-\\varepsilon)\\,T +
 \\varepsilon\\,\\mathbf{1}\\mathbf{1}^\\top / H`; ``epsilon`` is an explicit parameter
-of :func:`ginc_bayes_predictor`.
+of :func:`fmlab.data.ginc.ginc_bayes_predictor`.
 
 Used in Chapter 6 (``notebooks/06-in-context-learning.ipynb``).
 """
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._validate import check_float, check_int, check_tensor
+from .._validate import check_float, check_tensor
 
 __all__ = [
     "smooth_transitions",
@@ -50,9 +50,7 @@ __all__ = [
     "next_token_distribution",
     "BayesPrediction",
     "bayes_posterior_predictive",
-    "ginc_bayes_predictor",
     "log_likelihood_given_state",
-    "distinguishability",
 ]
 
 
@@ -320,36 +318,6 @@ def forward_log_alpha_deterministic(
     return out.permute(1, 0, 2)
 
 
-def ginc_bayes_predictor(
-    world,
-    tokens: torch.Tensor,
-    epsilon: float,
-    concepts="seen",
-    dtype: torch.dtype = torch.float64,
-) -> BayesPrediction:
-    """The Bayes-optimal in-context predictor of a GINC world's pretraining
-    distribution.
-
-    The prior is uniform over ``concepts`` (by default the pretraining concepts), each
-    with its start law and transitions smoothed by ``epsilon``
-    (:func:`smooth_transitions`). ``epsilon = 0`` is the unsmoothed pretraining
-    distribution, under which most prompts with examples are impossible.
-    """
-    from ..data.ginc import GINC
-
-    if not isinstance(world, GINC):
-        raise TypeError(f"world must be a GINC, got {type(world).__name__}")
-    epsilon = check_float("epsilon", epsilon, minimum=0.0, maximum=1.0)
-    idx = world.concept_indices(concepts)
-    T = smooth_transitions(world.transition_matrices(idx), epsilon).to(dtype)
-    emit = world.emission_matrix().to(dtype)
-    tokens, T, O3, mu = _check_hmm(tokens, T, emit, world.start_probs[idx].to(dtype))
-    la = forward_log_alpha_deterministic(tokens, T, world.state_tokens, mu).permute(
-        1, 0, 2
-    )  # (C, B, H)
-    return _posterior_predictive_from_alpha(la, T, O3, None)
-
-
 def log_likelihood_given_state(tokens, transitions, emissions) -> torch.Tensor:
     r""":math:`\log p(o_{1:t} \mid h_0 = h, c)` for every previous state ``h``: shape
     ``(B, C, H)``.
@@ -376,56 +344,3 @@ def log_likelihood_given_state(tokens, transitions, emissions) -> torch.Tensor:
         m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
         lb = _log(torch.bmm(torch.exp(v - m), Tt)) + m
     return lb.permute(1, 0, 2)
-
-
-def distinguishability(
-    world, example_length: int, epsilon: float, n_segments: int = 200, seed: int = 0
-) -> torch.Tensor:
-    r"""The sufficient condition of Chapter 6's concentration theorem, estimated by
-    sampling.
-
-    For a prompt concept :math:`c^\star` and start property :math:`s_0`, a *segment* is
-    a delimiter followed by one example. With smoothed transitions (``epsilon``),
-
-    .. math::
-        D(c^\star, s_0, c) = \mathbb{E}_{\text{seg}}\Big[\log \min_h
-        p_{c^\star}(\text{seg}\mid h)
-        - \log \max_h p_{c}(\text{seg}\mid h)\Big],
-
-    the expectation over segments of the prompt distribution (``n_segments`` samples).
-    If :math:`D > 0` for every :math:`c \neq c^\star`, the posterior concentrates on
-    :math:`c^\star` exponentially fast in the number of examples.
-
-    Returns a tensor ``(C, P - 1, C)`` indexed ``[c_star, s0 - 1, c]`` over the
-    pretraining concepts (the diagonal is not meaningful).
-    """
-    from ..data.ginc import DELIMITER, GINC
-    from ..repro import make_generator
-
-    if not isinstance(world, GINC):
-        raise TypeError(f"world must be a GINC, got {type(world).__name__}")
-    k = check_int("example_length", example_length, minimum=2)
-    epsilon = check_float("epsilon", epsilon, minimum=0.0, maximum=1.0)
-    n_segments = check_int("n_segments", n_segments, minimum=1)
-    g = make_generator(check_int("seed", seed, minimum=0))
-    seen = world.seen_concepts
-    P = world.config.n_properties
-    segs = []
-    for c in seen.tolist():
-        for s0 in range(1, P):
-            pr = world.sample_prompts(
-                n_segments, 0, k, g, concepts=torch.tensor([c]), start_property=s0
-            )
-            segs.append(pr.examples[:, 0])
-    segs = torch.stack(segs)  # (C, P - 1, n_segments, k)
-    delim = torch.full(segs.shape[:-1] + (1,), DELIMITER, dtype=segs.dtype)
-    tokens = torch.cat([delim, segs], dim=-1).reshape(-1, k + 1)
-    T = smooth_transitions(world.transition_matrices(seen), epsilon)
-    lb = log_likelihood_given_state(tokens, T, world.emission_matrix())  # (N, C, H)
-    C = len(seen)
-    low = lb.amin(dim=2).reshape(C, P - 1, n_segments, C)  # log min_h p_c(seg | h)
-    high = lb.amax(dim=2).reshape(C, P - 1, n_segments, C)  # log max_h p_c(seg | h)
-    own = low.diagonal(dim1=0, dim2=3).permute(
-        2, 0, 1
-    )  # (C*, P-1, n): log min_h p_{c*}
-    return (own.unsqueeze(-1) - high).mean(dim=2)

@@ -84,7 +84,7 @@ __all__ = [
     "SpectralMinimizer",
     "spectral_minimizer",
     "minimize_spectral_loss",
-    "subspace_distance",
+    "weighted_span_distance",
     "laplacian_eigenvalues",
     "top_eigenvectors",
     "label_leakage",
@@ -654,7 +654,7 @@ def minimize_spectral_loss(
     return torch.from_numpy(res.x.reshape(shape)).clone()
 
 
-def subspace_distance(
+def weighted_span_distance(
     features_a: torch.Tensor, features_b: torch.Tensor, probs: torch.Tensor
 ) -> float:
     """Frobenius distance of the orthogonal projections onto the column spans of

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from .._validate import check_tensor
-from ..adapt import Moments, ball_constrained_least_squares, quadratic_loss
+from .least_squares import Moments, ball_constrained_least_squares, quadratic_loss
 
 __all__ = [
     "Decomposition",

@@ -45,7 +45,7 @@ __all__ = [
     "LinearShiftConfig",
     "LinearShiftProblem",
     "make_linear_shift_problem",
-    "subspace_distance",
+    "subspace_sine_distance",
     "id_loss",
     "ood_loss",
     "loss_gradients",
@@ -186,7 +186,7 @@ def make_linear_shift_problem(config: LinearShiftConfig) -> LinearShiftProblem:
     )
 
 
-def subspace_distance(B: torch.Tensor, B_star: torch.Tensor) -> float:
+def subspace_sine_distance(B: torch.Tensor, B_star: torch.Tensor) -> float:
     """:math:`\\lVert P_{B} - P_{B_\\star}\\rVert_2`: the sine of the largest angle.
 
     The angle is between the row spaces of ``B`` and ``B_star`` (both ``(k, d)`` of full

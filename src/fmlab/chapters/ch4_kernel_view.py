@@ -12,12 +12,13 @@ solved in two *settings* (Section 3.1 of Malladi et al., 2023):
 - **standard**: the input is ``[CLS] <sentence>`` and a new linear head reads the
   ``[CLS]`` position, :math:`f(x) = \\Gamma^\\top h_{[CLS]}(x) + c`
   (:class:`CLSClassifier`). As in the paper, the head starts at the *linear-probing*
-  solution (:func:`linear_probe_head`), not at random.
+  solution (:func:`logistic_probe_head`), not at random.
 
 With labels :math:`y \\in \\{\\pm 1\\}` and the logistic loss :math:`\\log(1 + e^{-y
 f})`, binary cross-entropy over the two label words depends on :math:`f` only, so one
 scalar output (and one kernel) describes each setting. Fine-tuning is full-batch SGD,
-Adam or SignGD (:func:`fine_tune`); the kernel analogs are fitted by kernel logistic
+Adam or SignGD (:func:`fine_tune_logistic`); the kernel analogs are fitted by kernel
+logistic
 regression (:func:`fmlab.theory.kernels.fit_kernel_logistic`). Every learning rate and
 every ridge is chosen on a validation set of the same size as the training set (``k``
 examples per class), never on the test set (:func:`run_kernel_experiment`).
@@ -35,30 +36,33 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ._validate import check_choice, check_float, check_int, check_tensor
-from .data.sentiment_language import SentimentLanguage, SentimentLanguageConfig
-from .models.transformer import TinyTransformer, TransformerConfig
-from .repro import make_generator, seed_everything
-from .theory.kernels import newton_minimize
-from .train import cached, progress
+from .._validate import check_choice, check_float, check_int, check_tensor
+from ..data.sentiment_language import SentimentLanguage, SentimentLanguageConfig
+from ..models.transformer import (
+    CLSClassifier,
+    PromptClassifier,
+    TinyTransformer,
+    TransformerConfig,
+)
+from ..repro import make_generator, seed_everything
+from ..theory.kernels import newton_minimize
+from ..train import cached, progress
 
 __all__ = [
-    "PretrainConfig",
+    "MLMPretrainConfig",
     "pretrain_masked_lm",
-    "PromptClassifier",
-    "CLSClassifier",
     "FewShotTask",
     "few_shot_task",
     "test_set",
-    "FineTuneConfig",
-    "fine_tune",
-    "accuracy",
+    "LogisticFineTuneConfig",
+    "fine_tune_logistic",
+    "sign_accuracy",
     "outputs",
     "logistic_loss",
     "output_derivative",
     "mask_tokens",
     "fit_logistic_regression",
-    "linear_probe_head",
+    "logistic_probe_head",
     "KernelExperimentConfig",
     "KernelExperiment",
     "run_kernel_experiment",
@@ -75,7 +79,7 @@ __all__ = [
 # -- pretraining
 # -------------------------------------------------------------------------
 @dataclass(frozen=True)
-class PretrainConfig:
+class MLMPretrainConfig:
     """Everything that determines a pretrained masked language model."""
 
     language: SentimentLanguageConfig = field(default_factory=SentimentLanguageConfig)
@@ -116,7 +120,7 @@ class PretrainConfig:
 def mask_tokens(
     lang: SentimentLanguage,
     x: torch.Tensor,
-    config: PretrainConfig,
+    config: MLMPretrainConfig,
     generator: torch.Generator,
 ):
     """BERT-style masking: every word (not ``[CLS]``/``[PAD]``) is replaced by
@@ -133,7 +137,9 @@ def mask_tokens(
     return x.masked_fill(masked, lang.mask_id), masked
 
 
-def _model_config(lang: SentimentLanguage, config: PretrainConfig) -> TransformerConfig:
+def _model_config(
+    lang: SentimentLanguage, config: MLMPretrainConfig
+) -> TransformerConfig:
     return TransformerConfig(
         vocab_size=lang.vocab_size,
         max_len=lang.seq_len,
@@ -146,15 +152,17 @@ def _model_config(lang: SentimentLanguage, config: PretrainConfig) -> Transforme
 
 
 def pretrain_masked_lm(
-    config: PretrainConfig = PretrainConfig(),
+    config: MLMPretrainConfig = MLMPretrainConfig(),
 ) -> tuple[TinyTransformer, torch.Tensor]:
     """The pretrained masked LM for ``config`` (trained once, then read from the cache).
 
     AdamW with a one-cycle learning-rate schedule on fresh batches of pretraining text.
     Returns the model (in eval mode) and the training loss at every step.
     """
-    if not isinstance(config, PretrainConfig):
-        raise TypeError(f"config must be a PretrainConfig, got {type(config).__name__}")
+    if not isinstance(config, MLMPretrainConfig):
+        raise TypeError(
+            f"config must be a MLMPretrainConfig, got {type(config).__name__}"
+        )
     lang = SentimentLanguage(config.language)
 
     def build():
@@ -197,78 +205,6 @@ def pretrain_masked_lm(
 
 # -- the two fine-tuning settings
 # ----------------------------------------------------------
-class PromptClassifier(nn.Module):
-    """Prompt-based output: :math:`f(x) = \\text{logit}_{great} -
-    \\text{logit}_{terrible}` at ``[MASK]``.
-
-    ``label_words`` names the words for :math:`y=+1` and :math:`y=-1` (other choices
-    make a less natural prompt)."""
-
-    def __init__(
-        self,
-        mlm: TinyTransformer,
-        lang: SentimentLanguage,
-        label_words: tuple[str, str] = ("great", "terrible"),
-    ):
-        super().__init__()
-        if not isinstance(mlm, TinyTransformer):
-            raise TypeError(f"mlm must be a TinyTransformer, got {type(mlm).__name__}")
-        if len(label_words) != 2 or any(w not in lang.index for w in label_words):
-            raise ValueError(
-                f"label_words must be two words of the vocabulary, got {label_words!r}"
-            )
-        self.mlm = copy.deepcopy(mlm)
-        self.mask_id = lang.mask_id
-        self.pos_id, self.neg_id = (lang.index[w] for w in label_words)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        at_mask = (tokens == self.mask_id).long().argmax(1)  # one [MASK] per row
-        h_mask = self.mlm.hidden(tokens, at_mask)  # (n, d)
-        w, b = self.mlm.decoder.weight, self.mlm.decoder.bias
-        return h_mask @ (w[self.pos_id] - w[self.neg_id]) + (
-            b[self.pos_id] - b[self.neg_id]
-        )
-
-
-class CLSClassifier(nn.Module):
-    """Standard output: a new linear head on the ``[CLS]`` position, :math:`f(x) =
-    \\Gamma^\\top h_0(x) + c`.
-
-    ``head=(Gamma, c)`` sets the head (the linear-probing solution, as in the paper);
-    otherwise it is drawn :math:`\\Gamma \\sim \\mathcal N(0, I/d)` from ``seed``, with
-    :math:`c = 0`.
-    """
-
-    def __init__(
-        self,
-        mlm: TinyTransformer,
-        *,
-        seed: int | None = None,
-        head: tuple[torch.Tensor, float] | None = None,
-    ):
-        super().__init__()
-        if not isinstance(mlm, TinyTransformer):
-            raise TypeError(f"mlm must be a TinyTransformer, got {type(mlm).__name__}")
-        if (seed is None) == (head is None):
-            raise ValueError("give exactly one of seed (a random head) and head")
-        self.mlm = copy.deepcopy(mlm)
-        d = mlm.config.d_model
-        self.head = nn.Linear(d, 1)
-        with torch.no_grad():
-            if head is None:
-                g = make_generator(check_int("seed", seed, minimum=0))
-                self.head.weight.copy_(torch.randn(1, d, generator=g) / d**0.5)
-                self.head.bias.zero_()
-            else:
-                weight = check_tensor("head[0]", head[0], shape=(d,), floating=True)
-                self.head.weight.copy_(weight[None].float())
-                self.head.bias.fill_(check_float("head[1]", float(head[1])))
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        at_cls = torch.zeros(tokens.shape[0], dtype=torch.long, device=tokens.device)
-        return self.head(self.mlm.hidden(tokens, at_cls)).squeeze(-1)
-
-
 # -- downstream data
 # -----------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -339,7 +275,7 @@ def test_set(lang: SentimentLanguage, n: int, seed: int = 123_456) -> FewShotTas
 # -- fine-tuning
 # -----------------------------------------------------------------------------
 @dataclass(frozen=True)
-class FineTuneConfig:
+class LogisticFineTuneConfig:
     """Fine-tuning with the logistic loss: ``steps`` steps on mini-batches of
     ``batch_size`` examples (``None``: the full training set)."""
 
@@ -361,11 +297,11 @@ def logistic_loss(f: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.softplus(-y * f).mean()
 
 
-def fine_tune(
+def fine_tune_logistic(
     model: nn.Module,
     x: torch.Tensor,
     y: torch.Tensor,
-    config: FineTuneConfig,
+    config: LogisticFineTuneConfig,
     *,
     seed: int = 0,
 ) -> nn.Module:
@@ -378,8 +314,10 @@ def fine_tune(
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if not isinstance(config, FineTuneConfig):
-        raise TypeError(f"config must be a FineTuneConfig, got {type(config).__name__}")
+    if not isinstance(config, LogisticFineTuneConfig):
+        raise TypeError(
+            f"config must be a LogisticFineTuneConfig, got {type(config).__name__}"
+        )
     x = check_tensor("x", x, ndim=2, integer=True)
     y = check_tensor("y", y, shape=(x.shape[0],), floating=True)
     tuned = copy.deepcopy(model)
@@ -419,7 +357,7 @@ def outputs(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return model(x)
 
 
-def accuracy(f: torch.Tensor, y: torch.Tensor) -> float:
+def sign_accuracy(f: torch.Tensor, y: torch.Tensor) -> float:
     """Fraction of examples with :math:`\\operatorname{sign} f(x) = y`."""
     f = check_tensor("f", f, ndim=1, floating=True)
     y = check_tensor("y", y, shape=(f.shape[0],), floating=True)
@@ -494,13 +432,13 @@ def _scored(f_val, y_val, **extra) -> dict:
     if not bool(torch.isfinite(f_val).all()):
         return {"val_acc": -1.0, "val_loss": math.inf, **extra}
     return {
-        "val_acc": accuracy(f_val.float(), y_val),
+        "val_acc": sign_accuracy(f_val.float(), y_val),
         "val_loss": float(logistic_loss(f_val.double(), y_val.double())),
         **extra,
     }
 
 
-def linear_probe_head(
+def logistic_probe_head(
     z_train: torch.Tensor,
     y_train: torch.Tensor,
     z_val: torch.Tensor,
@@ -620,7 +558,7 @@ class KernelExperiment:
 def _kernel_fits(j, f0, y, regs, names) -> dict:
     """Kernel logistic regression for each kernel in ``names``, ridge chosen on the
     validation split. ``j``, ``f0``, ``y``: dicts with keys train/val/test."""
-    from .theory.kernels import (
+    from ..theory.kernels import (
         fit_kernel_logistic,
         kernel_predict,
         kernels_from_jacobians,
@@ -651,7 +589,7 @@ def _kernel_fits(j, f0, y, regs, names) -> dict:
             f_te = kernel_predict(k_ev["test"][name], alpha, f0["test"])
             cands.append(_scored(f_val, y["val"], test=f_te, reg=reg))
         best = _select(cands)
-        out[name] = (accuracy(best["test"].float(), y["test"]), best["reg"])
+        out[name] = (sign_accuracy(best["test"].float(), y["test"]), best["reg"])
     return out
 
 
@@ -679,7 +617,7 @@ def kernel_behaviour(
     and ``f0_te`` at :math:`\\theta_0` may be passed in when already computed. Also
     returns the output vectors ``f0``, ``f_ft``, ``f_lin``.
     """
-    from .theory.kernels import (
+    from ..theory.kernels import (
         flat_params,
         jacobian,
         kernel_distance,
@@ -696,9 +634,9 @@ def kernel_behaviour(
     k0 = kernels_from_jacobians(j_tr0, j_tr0)["sgd"]
     k1 = kernels_from_jacobians(j_tr1, j_tr1)["sgd"]
     acc0, acc_ft, acc_lin = (
-        accuracy(f0_te, y_test),
-        accuracy(f_ft, y_test),
-        accuracy(f_lin, y_test),
+        sign_accuracy(f0_te, y_test),
+        sign_accuracy(f_ft, y_test),
+        sign_accuracy(f_lin, y_test),
     )
     return {
         "acc0": acc0,
@@ -731,7 +669,7 @@ def _fine_tune_grid(model0, data, x_key, configs, seed, *, dynamics=None):
     ``dynamics`` (a dict of Jacobians and outputs at theta_0) is given."""
     cands = []
     for value, ft_config in configs:
-        tuned = fine_tune(
+        tuned = fine_tune_logistic(
             model0, getattr(data["train"], x_key), data["train"].y, ft_config, seed=seed
         )
         f_val = outputs(tuned, getattr(data["val"], x_key))
@@ -768,8 +706,8 @@ def _fine_tune_grid(model0, data, x_key, configs, seed, *, dynamics=None):
 def _one_run(mlm, lang, k, seed, config, test, prompt_test, z_test, bow_test):
     """Every method of the chapter on one k-shot training set; see
     :class:`KernelExperiment`."""
-    from .lora import apply_lora
-    from .theory.kernels import jacobian
+    from ..adapt.lora import apply_lora
+    from ..theory.kernels import jacobian
 
     data = {
         "train": few_shot_task(lang, k, seed),
@@ -783,13 +721,13 @@ def _one_run(mlm, lang, k, seed, config, test, prompt_test, z_test, bow_test):
     def sgd_configs(j_train):
         mean_diag = float(j_train.pow(2).sum(1).mean())
         return [
-            (c, FineTuneConfig("sgd", c / mean_diag, config.steps))
+            (c, LogisticFineTuneConfig("sgd", c / mean_diag, config.steps))
             for c in config.sgd_lr_scales
         ]
 
     def record_sgd(setting, cands):
         best = _select(cands)
-        acc[(setting, "SGD-FT")] = accuracy(best["test"], test.y)
+        acc[(setting, "SGD-FT")] = sign_accuracy(best["test"], test.y)
         chosen[(setting, "SGD-FT")] = best["value"]
         dyn[(setting, "SGD")] = {m: best["stats"][m] for m in _DYNAMICS}
         by_lr[setting] = {
@@ -809,7 +747,7 @@ def _one_run(mlm, lang, k, seed, config, test, prompt_test, z_test, bow_test):
     for split in ("train", "val"):
         j[split] = jacobian(prompt0, data[split].x_prompt)
         f0[split] = outputs(prompt0, data[split].x_prompt)
-    acc[("prompt", "zero-shot")] = accuracy(f0_te, test.y)
+    acc[("prompt", "zero-shot")] = sign_accuracy(f0_te, test.y)
     everything = config.methods == "all"
     names = ("sgd", "asymmetric_signgd", "signgd") if everything else ("sgd",)
     fits = _kernel_fits(j, f0, y, config.kernel_regs, names)
@@ -827,11 +765,12 @@ def _one_run(mlm, lang, k, seed, config, test, prompt_test, z_test, bow_test):
     record_sgd("prompt", cands)
     if everything:
         adam = [
-            (lr, FineTuneConfig("adam", lr, config.steps)) for lr in config.adam_lrs
+            (lr, LogisticFineTuneConfig("adam", lr, config.steps))
+            for lr in config.adam_lrs
         ]
         cands = _fine_tune_grid(prompt0, data, "x_prompt", adam, seed)
         best = _select(cands)
-        acc[("prompt", "Adam-FT")] = accuracy(best["test"], test.y)
+        acc[("prompt", "Adam-FT")] = sign_accuracy(best["test"], test.y)
         chosen[("prompt", "Adam-FT")] = best["value"]
         stats = kernel_behaviour(  # the kernel behaviour of the chosen Adam run
             prompt0,
@@ -851,17 +790,17 @@ def _one_run(mlm, lang, k, seed, config, test, prompt_test, z_test, bow_test):
             seed,
         )
         best = _select(cands)
-        acc[("prompt", "LoRA-SGD-FT")] = accuracy(best["test"], test.y)
+        acc[("prompt", "LoRA-SGD-FT")] = sign_accuracy(best["test"], test.y)
         chosen[("prompt", "LoRA-SGD-FT")] = best["value"]
 
     # -- standard: linear probe on [CLS], then fine-tune from it ----------------------
     z = {"test": z_test}
     for split in ("train", "val"):
         z[split] = outputs(mlm.hidden, data[split].x_plain)[:, 0]
-    probe = linear_probe_head(
+    probe = logistic_probe_head(
         z["train"], y["train"], z["val"], y["val"], config.probe_regs
     )
-    acc[("standard", "LP")] = accuracy(
+    acc[("standard", "LP")] = sign_accuracy(
         (z_test.double() @ probe["w"] + probe["b"]).float(), test.y
     )
     chosen[("standard", "LP")] = probe["reg"]
@@ -882,10 +821,10 @@ def _one_run(mlm, lang, k, seed, config, test, prompt_test, z_test, bow_test):
     # -- a bag of words
     # -----------------------------------------------------------------
     bow = {split: lang.bag_of_words(data[split].words) for split in ("train", "val")}
-    fit = linear_probe_head(
+    fit = logistic_probe_head(
         bow["train"], y["train"], bow["val"], y["val"], config.probe_regs
     )
-    acc[("bag of words", "LR")] = accuracy(
+    acc[("bag of words", "LR")] = sign_accuracy(
         (bow_test.double() @ fit["w"] + fit["b"]).float(), test.y
     )
     chosen[("bag of words", "LR")] = fit["reg"]
@@ -897,18 +836,18 @@ def _key(*parts) -> str:
 
 
 def run_kernel_experiment(
-    pretrain: PretrainConfig = PretrainConfig(),
+    pretrain: MLMPretrainConfig = MLMPretrainConfig(),
     config: KernelExperimentConfig = KernelExperimentConfig(),
 ) -> KernelExperiment:
     """Fine-tune the masked LM pretrained with ``pretrain`` few-shot and fit the kernel
     analogs, for every ``k`` in ``config.shots`` and seed in ``config.seeds``; see
     :class:`KernelExperiment`. The results are computed once per (``pretrain``,
     ``config``, seed offset) and then read from the on-disk cache."""
-    from .theory.kernels import jacobian
+    from ..theory.kernels import jacobian
 
-    if not isinstance(pretrain, PretrainConfig):
+    if not isinstance(pretrain, MLMPretrainConfig):
         raise TypeError(
-            f"pretrain must be a PretrainConfig, got {type(pretrain).__name__}"
+            f"pretrain must be a MLMPretrainConfig, got {type(pretrain).__name__}"
         )
     if not isinstance(config, KernelExperimentConfig):
         raise TypeError(
@@ -1012,7 +951,7 @@ def signgd_step_check(
     \\eta\\,\\operatorname{sign}(\\chi_t\\, g(x_t))`; the check runs in float64 on a
     copy of ``model``, once per learning rate in ``lrs``.
     """
-    from .theory.kernels import jacobian
+    from ..theory.kernels import jacobian
 
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -1061,12 +1000,12 @@ def lora_kernel_errors(
     """Relative Frobenius error of the LoRA kernel (Theorem 7.2) for each rank and seed.
 
     :math:`K` is the SGD kernel of the weight matrices LoRA adapts (those of
-    :func:`fmlab.lora.lora_targets`), :math:`K_{LoRA}` its random projection with
+    :func:`fmlab.adapt.lora.lora_targets`), :math:`K_{LoRA}` its random projection with
     :math:`A \\sim \\mathcal N(0, 1/k)`
     (:func:`fmlab.theory.kernels.lora_projected_kernel`).
     """
-    from .lora import lora_targets, weight_gradients
-    from .theory.kernels import lora_projected_kernel
+    from ..adapt.lora import lora_targets, weight_gradients
+    from ..theory.kernels import lora_projected_kernel
 
     ranks = [check_int("ranks", r, minimum=1) for r in ranks]
     seeds = [check_int("seeds", s_, minimum=0) for s_ in seeds]
@@ -1096,7 +1035,7 @@ def lora_kernel_errors(
 # -- Definition 5.3: does the output derivative shrink with width?
 # ------------------------
 def output_derivative_by_width(
-    base: PretrainConfig,
+    base: MLMPretrainConfig,
     widths: tuple[int, ...],
     seeds: tuple[int, ...],
     *,
@@ -1111,8 +1050,8 @@ def output_derivative_by_width(
     zero-shot accuracy of the prompt."""
     import dataclasses
 
-    if not isinstance(base, PretrainConfig):
-        raise TypeError(f"base must be a PretrainConfig, got {type(base).__name__}")
+    if not isinstance(base, MLMPretrainConfig):
+        raise TypeError(f"base must be a MLMPretrainConfig, got {type(base).__name__}")
     widths = tuple(check_int("widths", w, minimum=1) for w in widths)
     seeds = tuple(check_int("seeds", s, minimum=0) for s in seeds)
     if not widths or not seeds:
@@ -1138,7 +1077,7 @@ def output_derivative_by_width(
             out.setdefault(("chi", width), []).append(
                 float(output_derivative(f, test.y).abs().mean())
             )
-            out.setdefault(("accuracy", width), []).append(accuracy(f, test.y))
+            out.setdefault(("accuracy", width), []).append(sign_accuracy(f, test.y))
     return out
 
 
@@ -1153,7 +1092,7 @@ def entk_accuracy(
     outputs added, ridge :math:`\\lambda = ` ``reg_rel`` times the mean diagonal, no
     validation) for each training set in ``trains``; the test Jacobian is computed once.
     The inputs are the prompted ones (``x_prompt``)."""
-    from .theory.kernels import jacobian
+    from ..theory.kernels import jacobian
 
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")

@@ -1,4 +1,4 @@
-"""Tests of fmlab.models.bert and fmlab.sgd_noise (Chapter 5).
+"""Tests of fmlab.models.bert and fmlab.chapters.ch5_sgd_noise (Chapter 5).
 
 Oracles: the model's own definition evaluated member by member and position by position
 (a different code path from the batched one), brute-force sums over labels with plain
@@ -9,9 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fmlab.data.hmm_language import HMMLanguage, HMMLanguageConfig
-from fmlab.models.bert import BertConfig, EnsembleBert, masked_lm_nll
-from fmlab.sgd_noise import (
+from fmlab.chapters.ch5_sgd_noise import (
     NoiseTransferConfig,
     bert_blocks,
     bert_fisher_trace,
@@ -19,6 +17,8 @@ from fmlab.sgd_noise import (
     head_trace_closed_form,
     train_bert,
 )
+from fmlab.data.hmm_language import HMMLanguage, HMMLanguageConfig
+from fmlab.models.bert import BertConfig, EnsembleBert, masked_lm_nll
 
 CFG = BertConfig(vocab_size=5, length=6, d_model=8, n_layers=2, n_heads=2, d_ff=12)
 

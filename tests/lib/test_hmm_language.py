@@ -10,8 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fmlab.data.hmm_language import HMMLanguage, HMMLanguageConfig
-from fmlab.implicit_bias import (
+from fmlab.chapters.ch5_implicit_bias import (
     GRU_BLOCKS,
     SameLossConfig,
     adversarial_probe_loss,
@@ -22,6 +21,7 @@ from fmlab.implicit_bias import (
     ridge_probe_accuracy,
     single_threaded,
 )
+from fmlab.data.hmm_language import HMMLanguage, HMMLanguageConfig
 from fmlab.models.masked_lm import BiGRUMaskedLM, member_losses
 
 
@@ -337,7 +337,7 @@ def test_single_threaded_restores_the_thread_count_and_configs_are_checked():
 
 
 def test_lookup_table_reads_the_block_only_when_emissions_are_untied():
-    from fmlab.implicit_bias import lookup_table_transfer
+    from fmlab.chapters.ch5_implicit_bias import lookup_table_transfer
 
     kw = dict(position=4, n_train=1500, n_test=1500, seed=3)
     tied = lookup_table_transfer(HMMLanguageConfig(emission_noise=0.05), **kw)
@@ -364,7 +364,7 @@ def test_tied_conditionals_depend_on_the_posterior_only_through_its_block_margin
 
 
 def test_block_trace_comparison_agrees_with_its_exact_reference():
-    from fmlab.implicit_bias import block_trace_comparison
+    from fmlab.chapters.ch5_implicit_bias import block_trace_comparison
 
     r = block_trace_comparison(hidden=2, sentences=6, train_steps=3, probes=400)
     h, V = 2, 5

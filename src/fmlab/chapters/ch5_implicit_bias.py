@@ -33,12 +33,12 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
-from ._validate import check_float, check_int, check_tensor
-from .data.hmm_language import HMMLanguage, HMMLanguageConfig
-from .models.masked_lm import BiGRUMaskedLM, masked_lm_loss
-from .repro import make_generator, single_threaded
-from .theory.flatness import TraceEstimate, fisher_trace, hutchinson_trace
-from .train import train_scheduled
+from .._validate import check_float, check_int, check_tensor
+from ..data.hmm_language import HMMLanguage, HMMLanguageConfig
+from ..models.masked_lm import BiGRUMaskedLM, masked_lm_loss
+from ..repro import make_generator, single_threaded
+from ..theory.flatness import TraceEstimate, fisher_trace, hutchinson_trace
+from ..train import train_scheduled
 
 __all__ = [
     "GRU_BLOCKS",
@@ -732,7 +732,7 @@ def block_trace_comparison(
     """
     import time
 
-    from .theory.flatness import hessian_block_traces_exact
+    from ..theory.flatness import hessian_block_traces_exact
 
     hidden = check_int("hidden", hidden, minimum=1)
     sentences = check_int("sentences", sentences, minimum=1)

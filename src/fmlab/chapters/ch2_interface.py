@@ -24,17 +24,17 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
-from ._validate import check_choice, check_float, check_int
-from .data.contrastive import (
+from .._validate import check_choice, check_float, check_int
+from ..data.contrastive import (
     LatentClassConfig,
     LatentClassModel,
     ManifoldConfig,
     MixtureOfManifolds,
     class_mixing_arc_map,
 )
-from .models.mlp import MLP
-from .repro import make_generator, seed_everything
-from .theory.contrastive import (
+from ..models.mlp import MLP, SphereEncoder
+from ..repro import make_generator, seed_everything
+from ..theory.contrastive import (
     approximate_minimizer_bound,
     best_head_loss,
     class_means,
@@ -49,7 +49,7 @@ from .theory.contrastive import (
     spectral_minimizer,
     within_class_spread,
 )
-from .train import cached, progress, train
+from ..train import cached, progress, train
 
 __all__ = [
     "SphereEncoder",
@@ -69,37 +69,6 @@ __all__ = [
     "plot_trained_spectral",
     "plot_probe_predictions",
 ]
-
-
-class SphereEncoder(nn.Module):
-    """An MLP whose output is rescaled to the sphere of radius ``radius``:
-    :math:`\\lVert f(x)\\rVert = R`.
-
-    Bounded representations keep the contrastive loss from being driven to zero by scale
-    alone (Arora et al. assume :math:`\\lVert f(x)\\rVert \\le R`).
-    """
-
-    def __init__(
-        self,
-        dim_in: int,
-        *,
-        width: int = 64,
-        depth: int = 2,
-        rep_dim: int = 8,
-        radius: float = 2.0,
-    ):
-        super().__init__()
-        depth = check_int("depth", depth, minimum=1)
-        self.radius = check_float("radius", radius, minimum=0.0, strict_min=True)
-        self.net = MLP(
-            [check_int("dim_in", dim_in, minimum=1)]
-            + [check_int("width", width, minimum=1)] * depth
-            + [check_int("rep_dim", rep_dim, minimum=1)]
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        g = self.net(x)
-        return self.radius * g / g.norm(dim=1, keepdim=True).clamp_min(1e-12)
 
 
 @dataclass(frozen=True)
@@ -535,7 +504,7 @@ def spectral_along_training(cfg: SpectralConfig) -> dict[str, torch.Tensor]:
 # figures of the chapter (the notebook's plotting cells call these)
 # --------------------------------------------------------------------------------------
 def _colors():
-    from .viz import PALETTE
+    from ..viz import PALETTE
 
     return list(PALETTE.values())
 
@@ -548,7 +517,7 @@ def plot_latent_class_training(world: LatentClassModel, curves, seeds):
 
     import matplotlib.pyplot as plt
 
-    from .viz import PALETTE
+    from ..viz import PALETTE
 
     if not isinstance(world, LatentClassModel):
         raise TypeError(f"world must be a LatentClassModel, got {type(world).__name__}")
@@ -613,7 +582,7 @@ def plot_connectivity_sweep(sweep: SweepResult, trivial: float):
     over the grid, what the two knobs do to the graph, and a heat map."""
     import matplotlib.pyplot as plt
 
-    from .viz import PALETTE
+    from ..viz import PALETTE
 
     if not isinstance(sweep, SweepResult):
         raise TypeError(f"sweep must be a SweepResult, got {type(sweep).__name__}")
@@ -713,7 +682,7 @@ def plot_trained_spectral(steps, adapt, bound, exact_bound, minimiser_loss, triv
     ``(seeds, checkpoints)`` tensors."""
     import matplotlib.pyplot as plt
 
-    from .viz import PALETTE
+    from ..viz import PALETTE
 
     colors = _colors()
     adapt, bound = torch.as_tensor(adapt), torch.as_tensor(bound)

@@ -10,26 +10,29 @@ import pytest
 import torch
 from torch import nn
 
-from fmlab.data.sentiment_language import SentimentLanguage, SentimentLanguageConfig
-from fmlab.kernel_view import (
-    CLSClassifier,
-    FineTuneConfig,
-    PromptClassifier,
-    few_shot_task,
-    fine_tune,
-    fit_logistic_regression,
-    linear_probe_head,
-    logistic_loss,
-    output_derivative,
-    signgd_step_check,
-)
-from fmlab.lora import (
+from fmlab.adapt.lora import (
     apply_lora,
     lora_targets,
     only_targets_trainable,
     weight_gradients,
 )
-from fmlab.models.transformer import TinyTransformer, TransformerConfig
+from fmlab.chapters.ch4_kernel_view import (
+    LogisticFineTuneConfig,
+    few_shot_task,
+    fine_tune_logistic,
+    fit_logistic_regression,
+    logistic_loss,
+    logistic_probe_head,
+    output_derivative,
+    signgd_step_check,
+)
+from fmlab.data.sentiment_language import SentimentLanguage, SentimentLanguageConfig
+from fmlab.models.transformer import (
+    CLSClassifier,
+    PromptClassifier,
+    TinyTransformer,
+    TransformerConfig,
+)
 from fmlab.repro import make_generator, seed_everything
 from fmlab.theory.kernels import (
     empirical_kernels,
@@ -518,7 +521,7 @@ def test_signgd_fine_tuning_step_and_theorem_4_3(lang, tiny):
     s, w, lengths = lang.sample_sentences(6, make_generator(3), domain="task")
     x, y = lang.task_inputs(w, lengths), s.float()
     lr = 1e-3
-    tuned = fine_tune(model, x, y, FineTuneConfig("signgd", lr, 1))
+    tuned = fine_tune_logistic(model, x, y, LogisticFineTuneConfig("signgd", lr, 1))
     loss = logistic_loss(model(x), y)
     grads = torch.autograd.grad(loss, list(model.parameters()))
     expected = flat_params(model) - lr * torch.cat(
@@ -534,11 +537,13 @@ def test_signgd_fine_tuning_step_and_theorem_4_3(lang, tiny):
 
 def test_fine_tune_validates(lang, tiny):
     with pytest.raises(ValueError, match="optimizer"):
-        FineTuneConfig("lion")
+        LogisticFineTuneConfig("lion")
     with pytest.raises(ValueError, match="batch_size"):
-        FineTuneConfig(batch_size=0)
+        LogisticFineTuneConfig(batch_size=0)
     with pytest.raises(TypeError, match="config"):
-        fine_tune(tiny, torch.zeros(2, 3, dtype=torch.long), torch.ones(2), {"lr": 1})
+        fine_tune_logistic(
+            tiny, torch.zeros(2, 3, dtype=torch.long), torch.ones(2), {"lr": 1}
+        )
 
 
 def test_linear_per_example_gradients_match_the_loop(lang, tiny):
@@ -610,7 +615,7 @@ def test_fit_logistic_regression_matches_scipy():
     )
     with pytest.raises(ValueError, match="y must hold labels"):
         fit_logistic_regression(z, torch.zeros(20), reg=1.0)
-    probe = linear_probe_head(z[:10], y[:10], z[10:], y[10:], (1e-2, 1.0))
+    probe = logistic_probe_head(z[:10], y[:10], z[10:], y[10:], (1e-2, 1.0))
     assert probe["reg"] in (1e-2, 1.0) and 0 <= probe["val_acc"] <= 1
 
 

@@ -11,20 +11,10 @@ import pytest
 import torch
 from scipy.stats import spearmanr
 
-from fmlab import (
-    Moments,
-    ball_constrained_least_squares,
-    fine_tune,
-    linear_probe,
-    quadratic_loss,
-    second_moments,
-)
-from fmlab.adapt import ball_constrained_path
-from fmlab.data import TwoViewConfig, TwoViewLatentModel
-from fmlab.models import MaskedViewPredictor
-from fmlab.modular import (
-    FineTuneConfig,
-    PretrainConfig,
+from fmlab.adapt import fine_tune_linear_head_adam, linear_probe
+from fmlab.chapters.ch1_modular import (
+    ViewFineTuneConfig,
+    ViewPretrainConfig,
     decomposition_grid,
     draw_task_sample,
     interface_bound_at,
@@ -34,12 +24,21 @@ from fmlab.modular import (
     representation_excess_losses,
     task_moments,
 )
+from fmlab.data import TwoViewConfig, TwoViewLatentModel
+from fmlab.models import MaskedViewPredictor
 from fmlab.repro import make_generator, seed_everything
 from fmlab.theory import (
     decompose_adaptation_loss,
     interface_constant,
     posterior_readout,
     spearman,
+)
+from fmlab.theory.least_squares import (
+    Moments,
+    ball_constrained_least_squares,
+    ball_constrained_path,
+    quadratic_loss,
+    second_moments,
 )
 
 
@@ -222,14 +221,16 @@ def test_grid_and_fine_tune_shapes():
         )
     sample = draw_task_sample(world, signs, 16, seed=0)
     head0 = torch.zeros(4)
-    tuned, head = fine_tune(
+    tuned, head = fine_tune_linear_head_adam(
         model, probe_features, sample.xa, sample.y, steps=0, lr=0.1, head_init=head0
     )
     assert head.dtype == torch.float64 and torch.equal(head, head0.double())
-    _, head = fine_tune(model, probe_features, sample.xa, sample.y, steps=3, lr=0.01)
+    _, head = fine_tune_linear_head_adam(
+        model, probe_features, sample.xa, sample.y, steps=3, lr=0.01
+    )
     assert head.dtype == torch.float64 and head.shape == (4,)
     with pytest.raises(ValueError, match="head_init must have size 4"):
-        fine_tune(
+        fine_tune_linear_head_adam(
             model,
             probe_features,
             sample.xa,
@@ -239,21 +240,23 @@ def test_grid_and_fine_tune_shapes():
             head_init=torch.zeros(3),
         )
     with pytest.raises(ValueError, match="lr must be > 0"):
-        fine_tune(model, probe_features, sample.xa, sample.y, steps=1, lr=0.0)
+        fine_tune_linear_head_adam(
+            model, probe_features, sample.xa, sample.y, steps=1, lr=0.0
+        )
     with pytest.raises(ValueError, match="checkpoints"):
-        PretrainConfig(steps=10, checkpoints=(0, 20))
+        ViewPretrainConfig(steps=10, checkpoints=(0, 20))
 
 
 @pytest.mark.parametrize("lr", [0.0, -1e-3, float("nan"), float("inf")])
 def test_configs_validate_learning_rates(lr):
     with pytest.raises(ValueError, match="lr must be"):
-        PretrainConfig(lr=lr)
+        ViewPretrainConfig(lr=lr)
     with pytest.raises(ValueError, match="lr must be"):
-        FineTuneConfig(lr=lr)
+        ViewFineTuneConfig(lr=lr)
     with pytest.raises(TypeError, match="lr must be a real number"):
-        FineTuneConfig(lr="0.1")
+        ViewFineTuneConfig(lr="0.1")
     with pytest.raises(ValueError, match="steps"):
-        FineTuneConfig(steps=0)
+        ViewFineTuneConfig(steps=0)
 
 
 def test_ball_constrained_path_matches_single_solves_and_projected_gradient():

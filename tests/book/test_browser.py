@@ -26,7 +26,7 @@ from urllib.parse import unquote, urlparse
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HTML = ROOT / "_build" / "html"
 SHOTS = ROOT / "_build" / "screenshots"
 REQUIRED = os.environ.get("FMLAB_REQUIRE_BROWSER", "") not in ("", "0")

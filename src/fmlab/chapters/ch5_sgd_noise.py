@@ -38,13 +38,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from ._validate import check_float, check_int
-from .data.hmm_language import HMMLanguage, HMMLanguageConfig
-from .implicit_bias import probe_curve
-from .models.bert import HEAD_PARAMETERS, BertConfig, EnsembleBert, masked_lm_nll
-from .repro import make_generator, single_threaded
-from .theory.flatness import TraceEstimate, fisher_trace
-from .train import train_scheduled
+from .._validate import check_float, check_int
+from ..data.hmm_language import HMMLanguage, HMMLanguageConfig
+from ..models.bert import HEAD_PARAMETERS, BertConfig, EnsembleBert, masked_lm_nll
+from ..repro import make_generator, single_threaded
+from ..theory.flatness import TraceEstimate, fisher_trace
+from ..train import train_scheduled
+from .ch5_implicit_bias import probe_curve
 
 __all__ = [
     "NoiseTransferConfig",

@@ -5,7 +5,7 @@ pretraining corpus and caches the result on disk by config hash (:func:`fmlab.ca
 The model is a small causal transformer (:class:`fmlab.models.gpt.CausalLM`) or, for
 comparison, an LSTM (:class:`fmlab.models.lstm.LSTMLanguageModel`).
 :func:`in_context_grid` evaluates trained models and the exact Bayes predictor
-(:func:`fmlab.theory.bayes_icl.ginc_bayes_predictor`) on the same prompts over a grid
+(:func:`fmlab.data.ginc.ginc_bayes_predictor`) on the same prompts over a grid
 of example counts ``n`` and example lengths ``k``.
 
 In-context **accuracy** is the fraction of prompts whose predicted next token (the
@@ -26,24 +26,24 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._validate import check_choice, check_float, check_int, check_tensor
-from .data.ginc import (
+from .._validate import check_choice, check_float, check_int, check_tensor
+from ..data.ginc import (
     DELIMITER,
     GINC,
     GINC_PRESETS,
     GINCConfig,
     Prompts,
+    ginc_bayes_predictor,
     prompt_length,
 )
-from .models.gpt import CausalLM, GPTConfig
-from .models.lstm import LSTMLanguageModel
-from .repro import make_generator, seed_everything
-from .theory.bayes_icl import (
-    ginc_bayes_predictor,
+from ..models.gpt import CausalLM, GPTConfig
+from ..models.lstm import LSTMLanguageModel
+from ..repro import make_generator, seed_everything
+from ..theory.bayes_icl import (
     prefix_log_likelihoods,
     smooth_transitions,
 )
-from .train import cached, progress
+from ..train import cached, progress
 
 __all__ = [
     "GINCPretrainConfig",

@@ -17,7 +17,7 @@ from fmlab.theory.feature_distortion import (
     loss_gradients,
     make_linear_shift_problem,
     ood_loss,
-    subspace_distance,
+    subspace_sine_distance,
 )
 
 SMALL = LinearShiftConfig(
@@ -47,7 +47,9 @@ def test_problem_geometry():
     assert torch.allclose(
         cosines, torch.full((2,), math.cos(0.2), dtype=torch.float64), atol=1e-12
     )
-    assert subspace_distance(p.B0, p.B_star) == pytest.approx(math.sin(0.2), abs=1e-12)
+    assert subspace_sine_distance(p.B0, p.B_star) == pytest.approx(
+        math.sin(0.2), abs=1e-12
+    )
 
 
 def test_losses_match_monte_carlo_and_definition():

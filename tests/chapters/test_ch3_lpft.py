@@ -1,4 +1,4 @@
-"""Tests of fmlab.lpft (Chapter 3) against independent oracles."""
+"""Tests of fmlab.chapters.ch3_lpft (Chapter 3) against independent oracles."""
 
 import math
 
@@ -9,12 +9,11 @@ import torch.nn.functional as F
 from scipy.optimize import minimize
 from torch import nn
 
-from fmlab.data.shift import StyleShiftConfig, StyleShiftWorld
-from fmlab.lpft import (
+from fmlab.chapters.ch3_lpft import (
     METHODS,
     LPFTConfig,
-    accuracy,
     build_encoder,
+    classifier_accuracy,
     feature_change,
     feature_change_at_loss,
     fine_tune_batch,
@@ -22,15 +21,16 @@ from fmlab.lpft import (
     layer_feature_change,
     linear_head,
     matched_loss_change_ratio,
-    plot_accuracies,
     plot_feature_change,
     plot_learning_rate,
+    plot_lpft_accuracies,
     pretrain_encoder,
     random_head,
     run_lpft_experiment,
     select_by_validation,
     softmax_regression,
 )
+from fmlab.data.shift import StyleShiftConfig, StyleShiftWorld
 from fmlab.models.mlp import MLP
 
 
@@ -107,7 +107,9 @@ def test_accuracy_and_feature_change_by_hand():
     enc = nn.Identity()
     head = linear_head(torch.eye(2), torch.zeros(2))
     x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [2.0, 3.0]])
-    assert accuracy(enc, head, x, torch.tensor([0, 1, 0])) == pytest.approx(2 / 3)
+    assert classifier_accuracy(enc, head, x, torch.tensor([0, 1, 0])) == pytest.approx(
+        2 / 3
+    )
 
     class Shift(nn.Module):
         def forward(self, x):
@@ -384,7 +386,7 @@ def test_plot_functions_draw(tiny_cache):
 
     res = run_lpft_experiment(TINY)
     for fig in (
-        plot_accuracies(res),
+        plot_lpft_accuracies(res),
         plot_learning_rate(res, TINY.lrs, 1),
         plot_feature_change(res),
     ):

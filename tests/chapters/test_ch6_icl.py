@@ -1,5 +1,6 @@
 """Tests for Chapter 6's transformer language model (fmlab.models.gpt) and the pieces of
-fmlab.icl around it. Oracles: attention written out by hand with an explicit causal
+fmlab.chapters.ch6_icl around it. Oracles: attention written out by hand with an
+explicit causal
 mask, perturbation of future tokens, the closed form of the learning-rate schedule,
 and accuracies recomputed from the stored predictions."""
 
@@ -13,14 +14,7 @@ import torch
 from torch.nn import functional as F
 
 from fmlab import make_generator, seed_everything
-from fmlab.data.ginc import (
-    DELIMITER,
-    GINC,
-    assemble_prompts,
-    ginc_preset,
-    prompt_length,
-)
-from fmlab.icl import (
+from fmlab.chapters.ch6_icl import (
     GINCPretrainConfig,
     build_model,
     document_losses,
@@ -33,8 +27,15 @@ from fmlab.icl import (
     pretrain_ginc_lm,
     prompt_example_losses,
 )
+from fmlab.data.ginc import (
+    DELIMITER,
+    GINC,
+    assemble_prompts,
+    ginc_bayes_predictor,
+    ginc_preset,
+    prompt_length,
+)
 from fmlab.models.gpt import CausalLM, GPTConfig
-from fmlab.theory.bayes_icl import ginc_bayes_predictor
 
 
 @pytest.fixture(scope="module")

@@ -20,32 +20,32 @@ from typing import Callable, Mapping
 
 import torch
 
-from ._validate import check_float, check_int, check_tensor
-from .adapt import (
-    Moments,
-    ball_constrained_least_squares,
-    ball_constrained_path,
-    fine_tune,
-    quadratic_loss,
-    second_moments,
-)
-from .data.latent import TwoViewConfig, TwoViewLatentModel
-from .models.mlp import MaskedViewPredictor
-from .repro import make_generator, seed_everything
-from .theory.decomposition import (
+from .._validate import check_float, check_int, check_tensor
+from ..adapt import fine_tune_linear_head_adam
+from ..data.latent import TwoViewConfig, TwoViewLatentModel
+from ..models.mlp import MaskedViewPredictor
+from ..repro import make_generator, seed_everything
+from ..theory.decomposition import (
     Decomposition,
     decompose_adaptation_loss,
     posterior_readout,
 )
-from .train import cached, train
+from ..theory.least_squares import (
+    Moments,
+    ball_constrained_least_squares,
+    ball_constrained_path,
+    quadratic_loss,
+    second_moments,
+)
+from ..train import cached, train
 
 __all__ = [
-    "PretrainConfig",
-    "FineTuneConfig",
+    "ViewPretrainConfig",
+    "ViewFineTuneConfig",
     "pretrain_masked_view",
     "load_checkpoint",
     "probe_features",
-    "pretraining_loss",
+    "masked_view_loss",
     "task_moments",
     "TaskSample",
     "draw_task_sample",
@@ -63,7 +63,7 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class PretrainConfig:
+class ViewPretrainConfig:
     """Everything that determines a pretrained masked-view predictor."""
 
     world: TwoViewConfig = field(default_factory=TwoViewConfig)
@@ -93,7 +93,7 @@ class PretrainConfig:
 
 
 @dataclass(frozen=True)
-class FineTuneConfig:
+class ViewFineTuneConfig:
     """Fine-tuning of Chapter 1: full-batch Adam on every weight and a fresh head."""
 
     steps: int = 100
@@ -104,14 +104,14 @@ class FineTuneConfig:
         check_float("lr", self.lr, minimum=0.0, strict_min=True)
 
 
-def _build_model(cfg: PretrainConfig) -> MaskedViewPredictor:
+def _build_model(cfg: ViewPretrainConfig) -> MaskedViewPredictor:
     w = cfg.world
     return MaskedViewPredictor(
         w.dim_a, w.dim_b, width=cfg.width, rep_dim=cfg.rep_dim, depth=cfg.depth
     )
 
 
-def pretrain_masked_view(cfg: PretrainConfig) -> dict:
+def pretrain_masked_view(cfg: ViewPretrainConfig) -> dict:
     r"""Pretrain (or load from the cache) and return ``{"losses", "checkpoints"}``.
 
     ``checkpoints`` maps each step in ``cfg.checkpoints`` to a state dict; ``losses`` is
@@ -119,8 +119,8 @@ def pretrain_masked_view(cfg: PretrainConfig) -> dict:
     empirical distribution :math:`\hat p_{\text{pre}}` has ``steps * batch_size``
     examples.
     """
-    if not isinstance(cfg, PretrainConfig):
-        raise TypeError(f"cfg must be a PretrainConfig, got {type(cfg).__name__}")
+    if not isinstance(cfg, ViewPretrainConfig):
+        raise TypeError(f"cfg must be a ViewPretrainConfig, got {type(cfg).__name__}")
 
     def build():
         seed_everything(cfg.seed)
@@ -153,10 +153,10 @@ def pretrain_masked_view(cfg: PretrainConfig) -> dict:
     return cached(cfg, build, name="ch01_masked_view")
 
 
-def load_checkpoint(cfg: PretrainConfig, state: dict) -> MaskedViewPredictor:
+def load_checkpoint(cfg: ViewPretrainConfig, state: dict) -> MaskedViewPredictor:
     """A model of ``cfg``'s architecture holding the weights ``state``."""
-    if not isinstance(cfg, PretrainConfig):
-        raise TypeError(f"cfg must be a PretrainConfig, got {type(cfg).__name__}")
+    if not isinstance(cfg, ViewPretrainConfig):
+        raise TypeError(f"cfg must be a ViewPretrainConfig, got {type(cfg).__name__}")
     model = _build_model(cfg)
     model.load_state_dict(state)
     model.eval()
@@ -171,7 +171,7 @@ def probe_features(model: MaskedViewPredictor, xa: torch.Tensor) -> torch.Tensor
 
 
 @torch.no_grad()
-def pretraining_loss(
+def masked_view_loss(
     model: MaskedViewPredictor, world: TwoViewLatentModel, n: int, seed: int
 ) -> float:
     r"""The pretraining loss on ``n`` fresh draws (:math:`L_{\text{pre}}`, large n)."""
@@ -225,7 +225,7 @@ def fine_tune_population_loss(
     sample: TaskSample,
     world: TwoViewLatentModel,
     signs: torch.Tensor,
-    cfg: FineTuneConfig,
+    cfg: ViewFineTuneConfig,
     *,
     n_pop: int,
     seed: int,
@@ -235,9 +235,9 @@ def fine_tune_population_loss(
     The head starts at small random values drawn with ``seed``; the population loss is
     the exact quadratic of ``n_pop`` fresh draws (another stream of the same seed).
     """
-    if not isinstance(cfg, FineTuneConfig):
-        raise TypeError(f"cfg must be a FineTuneConfig, got {type(cfg).__name__}")
-    tuned, head = fine_tune(
+    if not isinstance(cfg, ViewFineTuneConfig):
+        raise TypeError(f"cfg must be a ViewFineTuneConfig, got {type(cfg).__name__}")
+    tuned, head = fine_tune_linear_head_adam(
         model,
         probe_features,
         sample.xa,
@@ -473,7 +473,7 @@ def interface_bound_at(
 
 @torch.no_grad()
 def interface_curves(
-    cfg: PretrainConfig,
+    cfg: ViewPretrainConfig,
     world: TwoViewLatentModel,
     task_seeds,
     *,
@@ -523,7 +523,7 @@ def plot_loss_map(ax=None):
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
-    from .viz import PALETTE
+    from ..viz import PALETTE
 
     if ax is None:
         _, ax = plt.subplots(figsize=(9.6, 5.4))

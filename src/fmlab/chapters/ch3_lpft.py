@@ -39,17 +39,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._validate import check_float, check_int, check_same_length, check_tensor
-from .data.shift import StyleShiftConfig, StyleShiftWorld
-from .models.mlp import MLP
-from .repro import make_generator, seed_everything
-from .train import cached, progress, train
+from .._validate import check_float, check_int, check_same_length, check_tensor
+from ..data.shift import StyleShiftConfig, StyleShiftWorld
+from ..models.mlp import MLP
+from ..repro import make_generator, seed_everything
+from ..train import cached, progress, train
 
 __all__ = [
     "softmax_regression",
     "linear_head",
     "random_head",
-    "accuracy",
+    "classifier_accuracy",
     "feature_change",
     "layer_feature_change",
     "FineTuneResult",
@@ -64,7 +64,7 @@ __all__ = [
     "feature_change_at_loss",
     "matched_loss_change_ratio",
     "METHODS",
-    "plot_accuracies",
+    "plot_lpft_accuracies",
     "plot_learning_rate",
     "plot_feature_change",
 ]
@@ -198,7 +198,7 @@ def random_head(rep_dim: int, n_classes: int, generator: torch.Generator) -> nn.
 
 # -- measurements ---------------------------------------------------------------------
 @torch.no_grad()
-def accuracy(
+def classifier_accuracy(
     encoder: nn.Module, head: nn.Module, x: torch.Tensor, y: torch.Tensor
 ) -> float:
     """Fraction of ``x`` whose predicted class ``argmax head(encoder(x))`` is ``y``."""
@@ -799,7 +799,8 @@ def run_lpft_experiment(cfg: LPFTConfig) -> dict:
 
             def evaluate(enc, head):
                 return [
-                    accuracy(enc, head, s.x, s.labels) for s in (val_s, id_s, ood_s)
+                    classifier_accuracy(enc, head, s.x, s.labels)
+                    for s in (val_s, id_s, ood_s)
                 ]
 
             def choose(m, rows, order):
@@ -861,7 +862,7 @@ def run_lpft_experiment(cfg: LPFTConfig) -> dict:
                         phi_id, phi_ood = enc(id_s.x), enc(ood_s.x)
                         rows.append(
                             [
-                                accuracy(enc, head, val_s.x, val_s.labels),
+                                classifier_accuracy(enc, head, val_s.x, val_s.labels),
                                 _hits(head(phi_id), id_s.labels),
                                 _hits(head(phi_ood), ood_s.labels),
                             ]
@@ -893,16 +894,16 @@ def run_lpft_experiment(cfg: LPFTConfig) -> dict:
 
 # -- figures --------------------------------------------------------------------------
 def _colors():
-    from .viz import PALETTE
+    from ..viz import PALETTE
 
     return {"lp": PALETTE["blue"], "ft": PALETTE["red"], "lpft": PALETTE["green"]}
 
 
-def plot_accuracies(res: dict):
+def plot_lpft_accuracies(res: dict):
     """Bars of each method's ID and OOD test accuracy (mean, sd), one dot per seed."""
     import matplotlib.pyplot as plt
 
-    from .viz import PALETTE
+    from ..viz import PALETTE
 
     acc = {m: 100 * res["acc"][m] for m in METHODS}
     S = acc["lp"].shape[0]

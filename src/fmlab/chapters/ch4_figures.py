@@ -8,12 +8,12 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from .viz import PALETTE
+from ..viz import PALETTE
 
 __all__ = [
     "plot_pretraining",
     "plot_signgd_step",
-    "plot_accuracies",
+    "plot_kernel_accuracies",
     "plot_laziness",
     "plot_width",
     "plot_lora_errors",
@@ -90,7 +90,7 @@ def plot_signgd_step(checks, step_lrs, entk_resid, shown: int = 2):
     return fig
 
 
-def plot_accuracies(acc: dict, shots, bars, references: dict):
+def plot_kernel_accuracies(acc: dict, shots, bars, references: dict):
     """Bars of mean test accuracy (error bars: standard error over seeds) for each
     (setting, method) in ``bars`` and each k in ``shots``; ``references`` maps a label
     to a horizontal line (e.g. the zero-shot prompt, the Bayes-optimal accuracy)."""

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CLAIMS = ROOT / "_build" / "claims.json"
 CHAPTERS = sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb"))
 

@@ -18,14 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from fmlab.data.contrastive import (
-    LatentClassConfig,
-    LatentClassModel,
-    ManifoldConfig,
-    MixtureOfManifolds,
-    class_mixing_arc_map,
-)
-from fmlab.interface import (
+from fmlab.chapters.ch2_interface import (
     CurlConfig,
     SpectralConfig,
     SphereEncoder,
@@ -33,6 +26,13 @@ from fmlab.interface import (
     pretrain_spectral,
     scrambled_indicators,
     spectral_along_training,
+)
+from fmlab.data.contrastive import (
+    LatentClassConfig,
+    LatentClassModel,
+    ManifoldConfig,
+    MixtureOfManifolds,
+    class_mixing_arc_map,
 )
 from fmlab.repro import make_generator
 from fmlab.theory.contrastive import (
@@ -59,9 +59,9 @@ from fmlab.theory.contrastive import (
     spectral_loss_on_pairs,
     spectral_minimizer,
     spectral_probe_bound,
-    subspace_distance,
     top_eigenvectors,
     unsupervised_contrastive_loss,
+    weighted_span_distance,
 )
 
 
@@ -255,7 +255,7 @@ def test_spectral_minimizer_matches_eigenvalues_is_stationary_and_agrees_with_lb
     assert float(spectral_contrastive_loss(found, W)) == pytest.approx(
         sol.loss, abs=1e-9
     )
-    assert subspace_distance(found, sol.features, W.sum(1)) < 1e-4
+    assert weighted_span_distance(found, sol.features, W.sum(1)) < 1e-4
 
 
 def test_minibatch_spectral_loss_is_unbiased():
@@ -473,7 +473,7 @@ def test_within_class_spread_by_loop():
 def test_curl_along_training_reports_both_sides_at_every_checkpoint(
     tmp_path, monkeypatch
 ):
-    from fmlab.interface import curl_along_training
+    from fmlab.chapters.ch2_interface import curl_along_training
 
     monkeypatch.setenv("FMLAB_CACHE_DIR", str(tmp_path))
     cfg = CurlConfig(

@@ -21,9 +21,9 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ._validate import check_int, check_tensor
-from .repro import make_generator
-from .theory.kernels import jacobian
+from .._validate import check_int, check_tensor
+from ..repro import make_generator
+from ..theory.kernels import jacobian
 
 __all__ = [
     "LoRALinear",

@@ -1,5 +1,6 @@
 """Tests for GINC (fmlab.data.ginc), exact Bayesian ICL (fmlab.theory.bayes_icl),
-the LSTM and the in-context evaluation (fmlab.icl). Oracles: brute-force enumeration
+the LSTM and the in-context evaluation (fmlab.chapters.ch6_icl). Oracles: brute-force
+enumeration
 of every hidden path (and every token sequence) of tiny HMMs, an independent scaled
 forward algorithm, empirical transition counts, and structural properties."""
 
@@ -11,16 +12,7 @@ import torch
 from torch import nn
 
 from fmlab import make_generator, seed_everything
-from fmlab.data.ginc import (
-    DELIMITER,
-    GINC,
-    GINC_PRESETS,
-    GINCConfig,
-    assemble_prompts,
-    ginc_preset,
-    permutation_mixture,
-)
-from fmlab.icl import (
+from fmlab.chapters.ch6_icl import (
     GINCPretrainConfig,
     _nested_last_logits,
     bayes_pretraining_loss,
@@ -31,13 +23,22 @@ from fmlab.icl import (
     pretrain_ginc_lm,
     random_concept_accuracy,
 )
+from fmlab.data.ginc import (
+    DELIMITER,
+    GINC,
+    GINC_PRESETS,
+    GINCConfig,
+    assemble_prompts,
+    distinguishability,
+    ginc_bayes_predictor,
+    ginc_preset,
+    permutation_mixture,
+)
 from fmlab.models.lstm import LSTMLanguageModel
 from fmlab.theory.bayes_icl import (
     bayes_posterior_predictive,
-    distinguishability,
     forward_log_alpha,
     forward_log_alpha_deterministic,
-    ginc_bayes_predictor,
     log_likelihood,
     log_likelihood_given_state,
     next_token_distribution,

@@ -1,0 +1,100 @@
+"""The package's layers hold: ``core < theory < {data, models} < adapt < chapters``.
+
+Every import in ``src/fmlab`` (function-level ones included) is read with :mod:`ast`
+and checked against that order; a chapter module imports no other chapter.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "src" / "fmlab"
+
+# The rank of each layer: a module may import layers of lower or equal rank only
+# (data and models share a rank but may not import each other).
+RANK = {"core": 0, "theory": 1, "data": 2, "models": 2, "adapt": 3, "chapters": 4}
+
+
+def layer(parts: tuple[str, ...]) -> str:
+    """The layer of a module given as its dotted parts below ``fmlab``."""
+    return parts[0] if parts and parts[0] in RANK else "core"
+
+
+def module_parts(path: Path, package: Path) -> tuple[str, ...]:
+    rel = path.relative_to(package).with_suffix("")
+    parts = rel.parts
+    return parts[:-1] if parts[-1] == "__init__" else parts
+
+
+def imports(path: Path, root: Path) -> list[tuple[int, tuple[str, ...]]]:
+    """(line, imported module's parts below ``fmlab``) for every fmlab import."""
+    here = module_parts(path, root)
+    package = here if path.name == "__init__.py" else here[:-1]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - (node.level - 1)]
+                mod = base + tuple(node.module.split(".") if node.module else ())
+            elif node.module and node.module.split(".")[0] == "fmlab":
+                mod = tuple(node.module.split(".")[1:])
+            else:
+                continue
+            names = [a.name for a in node.names]
+            # `from . import x` names submodules
+            targets = [mod + (n,) for n in names] if not node.module else [mod]
+            out += [(node.lineno, t) for t in targets]
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == "fmlab":
+                    out.append((node.lineno, tuple(a.name.split(".")[1:])))
+    return out
+
+
+def violations(root: Path = PACKAGE) -> list[str]:
+    bad = []
+    for path in sorted(root.rglob("*.py")):
+        here = module_parts(path, root)
+        src_layer = layer(here)
+        for line, target in imports(path, root):
+            dst_layer = layer(target)
+            where = f"{path.relative_to(root)}:{line} imports fmlab.{'.'.join(target)}"
+            if RANK[dst_layer] > RANK[src_layer]:
+                bad.append(f"{where} ({src_layer} may not import {dst_layer})")
+            elif {src_layer, dst_layer} == {"data", "models"}:
+                bad.append(f"{where} (data and models do not import each other)")
+            elif src_layer == dst_layer == "chapters" and len(here) > 1:
+                if len(target) > 1 and chapter_of(target[1]) != chapter_of(here[1]):
+                    bad.append(f"{where} (a chapter imports no other chapter)")
+    return bad
+
+
+def chapter_of(module: str) -> str:
+    """``ch4_kernel_view`` -> ``ch4``."""
+    return module.split("_")[0]
+
+
+def test_every_import_follows_the_layers():
+    assert violations() == []
+
+
+def test_the_checker_sees_a_violation(tmp_path):
+    """An upward import, a function-level one and a cross-chapter one are caught."""
+    pkg = tmp_path / "fmlab"
+    for d in ("theory", "chapters"):
+        (pkg / d).mkdir(parents=True)
+        (pkg / d / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "theory" / "x.py").write_text("def f():\n    from ..adapt import probes\n")
+    (pkg / "chapters" / "ch1_a.py").write_text("from .ch2_b import g\n")
+    (pkg / "chapters" / "ch2_b.py").write_text("from .ch2_figures import h\n")
+    found = violations(pkg)
+    assert any("theory/x.py:2" in v and "adapt" in v for v in found)
+    assert any("ch1_a.py:1" in v and "other chapter" in v for v in found)
+    assert not any("ch2_b.py" in v for v in found)
+
+
+@pytest.mark.parametrize("name", ["core", "theory", "data", "models", "adapt"])
+def test_each_layer_exists(name):
+    assert name == "core" or (PACKAGE / name / "__init__.py").exists()
