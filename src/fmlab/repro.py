@@ -23,6 +23,8 @@ import hashlib
 import json
 import os
 import random
+import re
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -30,6 +32,7 @@ import torch
 from ._validate import check_int
 
 __all__ = [
+    "code_fingerprint",
     "seed_everything",
     "make_generator",
     "seed_offset",
@@ -179,3 +182,31 @@ def get_device() -> torch.device:
     if want.startswith("cuda") and torch.cuda.is_available():
         return torch.device(want)
     return torch.device("cpu")
+
+
+_PACKAGE_ROOT = Path(__file__).resolve().parent
+
+
+def code_fingerprint(chapter: str | None = None, *, root: Path | None = None) -> str:
+    """A hash of the fmlab source that a chapter's results depend on.
+
+    With ``chapter`` (e.g. ``"ch4"``): every module outside ``fmlab/chapters`` plus that
+    chapter's modules other than its figure module (``chN_figures.py`` draws and
+    decides nothing), so an edit to another chapter leaves the fingerprint unchanged.
+    With ``chapter=None``: the whole package. The bytes of each file are hashed with its
+    path, so a comment edit changes the fingerprint too (a safe, simple rule).
+    """
+    root = _PACKAGE_ROOT if root is None else Path(root)
+    if chapter is not None and (
+        not isinstance(chapter, str) or not re.fullmatch(r"ch\d+", chapter)
+    ):
+        raise ValueError(f"chapter must look like 'ch4' or be None, got {chapter!r}")
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if chapter is not None and rel.startswith("chapters/ch"):
+            name = rel.split("/", 1)[1]
+            if name.split("_", 1)[0] != chapter or name.endswith("_figures.py"):
+                continue
+        h.update(rel.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]

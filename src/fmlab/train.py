@@ -1,6 +1,8 @@
 """One training loop, a progress bar, and an on-disk cache of trained models.
 
-The cache is keyed by a hash of the config (:func:`fmlab.repro.config_hash`), lives in
+The cache is keyed by a hash of the config (:func:`fmlab.repro.config_hash`), the seed
+offset and the code that computes the entry (:func:`fmlab.repro.code_fingerprint`),
+lives in
 ``$FMLAB_CACHE_DIR`` (default: ``.fmlab_cache/`` at the root of the checkout, ignored by
 git), is read with ``torch.load(weights_only=True)`` and written atomically (a temporary
 file renamed into place), so an interrupted run never leaves a corrupt entry. A clean
@@ -9,6 +11,8 @@ build with an empty cache trains everything from scratch and gives the same numb
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import os
 import sys
 import tempfile
@@ -20,7 +24,7 @@ import torch
 from torch import nn
 
 from ._validate import check_choice, check_float, check_int
-from .repro import config_hash, seed_offset
+from .repro import code_fingerprint, config_hash, seed_offset
 
 __all__ = ["progress", "train", "train_scheduled", "TrainResult", "cache_dir", "cached"]
 
@@ -189,48 +193,100 @@ def cache_dir() -> Path:
     return path
 
 
-def cached(config, build: Callable[[], dict], *, name: str) -> dict:
-    """Return ``build()``, computed once per config and kept on disk.
+def _chapter_of(build: Callable) -> str | None:
+    """``"ch4"`` when ``build`` was defined in ``fmlab.chapters.ch4_*``, else None."""
+    module = getattr(build, "__module__", None) or ""
+    parts = module.split(".")
+    if len(parts) == 3 and parts[:2] == ["fmlab", "chapters"]:
+        return parts[2].split("_", 1)[0]
+    return None
+
+
+_DATACLASS_TAG = "__dataclass__"
+
+
+def _encode(value):
+    """Dataclass instances become tagged dicts (``torch.load(weights_only=True)`` reads
+    only plain containers, tensors and numbers)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        cls = type(value)
+        fields = {
+            f.name: _encode(getattr(value, f.name)) for f in dataclasses.fields(cls)
+        }
+        return {_DATACLASS_TAG: f"{cls.__module__}:{cls.__qualname__}", **fields}
+    if isinstance(value, dict):
+        return {k: _encode(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        out = [_encode(v) for v in value]
+        return out if isinstance(value, list) else tuple(out)
+    return value
+
+
+def _decode(value):
+    if isinstance(value, dict):
+        if _DATACLASS_TAG in value:
+            module, qualname = value[_DATACLASS_TAG].split(":")
+            cls = importlib.import_module(module)
+            for part in qualname.split("."):
+                cls = getattr(cls, part)
+            fields = {k: _decode(v) for k, v in value.items() if k != _DATACLASS_TAG}
+            return cls(**fields)
+        return {k: _decode(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_decode(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_decode(v) for v in value)
+    return value
+
+
+def cached(config, build: Callable[[], object], *, name: str):
+    """Return ``build()``, computed once per config and code and kept on disk.
 
     Parameters
     ----------
     config
         A frozen dataclass (or dict) that fully determines what ``build`` returns.
     build : callable
-        Computes the entry: a dict of tensors, numbers, strings and nested lists/dicts
-        of them (whatever ``torch.load(weights_only=True)`` accepts).
+        Computes the entry: a result dataclass or a dict of tensors, numbers, strings
+        and nested lists, tuples, dicts and dataclasses of them.
     name : str
         A readable prefix for the file name, e.g. the chapter's model name.
 
-    The key is the hash of ``config`` together with the seed offset
-    (:func:`fmlab.repro.seed_offset`), so that runs at different offsets, whose seeds
-    differ, never share an entry.
+    The key hashes ``config``, the seed offset (:func:`fmlab.repro.seed_offset`), so
+    that runs at different offsets never share an entry, and the code that computes
+    the entry (:func:`fmlab.repro.code_fingerprint`: the core, theory, data, models and
+    adapt layers plus the modules of the chapter that defines ``build``; the whole
+    package when ``build`` is defined elsewhere). Editing the library therefore never
+    serves a stale entry, and no cache name needs a hand-written version.
     """
     if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(f"name must be an identifier-like string, got {name!r}")
     if not callable(build):
         raise TypeError("build must be callable")
-    offset = seed_offset()
-    key = (
-        config_hash(config)
-        if offset == 0
-        else config_hash({"config": config, "seed_offset": offset})
+    key = config_hash(
+        {
+            "config": config,
+            "seed_offset": seed_offset(),
+            "code": code_fingerprint(_chapter_of(build)),
+        }
     )
     path = cache_dir() / f"{name}-{key}.pt"
     if path.exists():
         try:
-            return torch.load(path, weights_only=True)
-        except (
-            Exception
-        ):  # unreadable entry (e.g. written by another torch): rebuild it
+            return _decode(torch.load(path, weights_only=True))
+        except Exception:  # unreadable entry (e.g. written by another torch): rebuild
             path.unlink(missing_ok=True)
     value = build()
-    if not isinstance(value, dict):
-        raise TypeError(f"build must return a dict, got {type(value).__name__}")
+    if not isinstance(value, dict) and not (
+        dataclasses.is_dataclass(value) and not isinstance(value, type)
+    ):
+        raise TypeError(
+            f"build must return a dict or a dataclass, got {type(value).__name__}"
+        )
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
-            torch.save(value, fh)
+            torch.save(_encode(value), fh)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

@@ -9,13 +9,15 @@ slider switches images with no kernel and no Python.
 
 from __future__ import annotations
 
+import html
 import io
 import itertools
+import numbers
 from typing import Callable, Mapping, Sequence
 
 import matplotlib.pyplot as plt
 
-__all__ = ["use_style", "PALETTE", "fig_to_png", "slider_figure"]
+__all__ = ["use_style", "PALETTE", "fig_to_png", "slider_figure", "table", "Table"]
 
 #: Colours used for the same roles in every chapter (colour-blind safe, Okabe-Ito).
 PALETTE = {
@@ -161,3 +163,110 @@ def slider_figure(
         readout = stack([w.HTML(f"<b>{_fmt(v)}</b>") for v in values[n]], n)
         rows.append(w.HBox([sliders[n], readout]))
     return w.VBox(rows + [build(0, ())])
+
+
+class Table:
+    """A table of results: HTML in the rendered page, aligned text in a terminal.
+
+    Built by :func:`table`; display it as the last expression of a cell.
+    """
+
+    def __init__(self, columns: list[str], rows: list[list[str]], caption: str | None):
+        self.columns, self.rows, self.caption = columns, rows, caption
+
+    def _repr_html_(self) -> str:
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in self.columns)
+        body = "".join(
+            "<tr>"
+            + "".join(
+                f'<td style="text-align:{"right" if _numeric(v) else "left"}">'
+                f"{html.escape(v)}</td>"
+                for v in row
+            )
+            + "</tr>"
+            for row in self.rows
+        )
+        cap = f"<caption>{html.escape(self.caption)}</caption>" if self.caption else ""
+        return (
+            f'<table class="fmlab-table">{cap}<thead><tr>{head}</tr></thead>'
+            f"<tbody>{body}</tbody></table>"
+        )
+
+    def __repr__(self) -> str:
+        widths = [
+            max(len(c), *(len(r[i]) for r in self.rows)) if self.rows else len(c)
+            for i, c in enumerate(self.columns)
+        ]
+        line = "  ".join(c.ljust(w) for c, w in zip(self.columns, widths))
+        out = [self.caption] if self.caption else []
+        out += [line, "  ".join("-" * w for w in widths)]
+        for row in self.rows:
+            out.append(
+                "  ".join(
+                    v.rjust(w) if _numeric(v) else v.ljust(w)
+                    for v, w in zip(row, widths)
+                )
+            )
+        return "\n".join(out)
+
+
+def _numeric(text: str) -> bool:
+    try:
+        float(text.replace("\u2212", "-").replace("%", "").replace("\u00b1", "e"))
+    except ValueError:
+        return False
+    return True
+
+
+def _cell(value, digits: int) -> str:
+    if isinstance(value, str):
+        return value
+    if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
+        value = value.item()
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, numbers.Integral):
+        return str(int(value))
+    if isinstance(value, numbers.Real):
+        return f"{float(value):.{digits}f}".replace("-", "\u2212")
+    return str(value)
+
+
+def table(
+    rows: Sequence[Mapping] | Mapping[str, Sequence],
+    *,
+    columns: Sequence[str] | None = None,
+    caption: str | None = None,
+    digits: int = 3,
+) -> Table:
+    """The one way a chapter shows a table.
+
+    ``rows`` is a list of mappings (one per row, column name to value) or a mapping of
+    column name to a sequence of values. ``columns`` picks and orders the columns (by
+    default those of the first row). Reals are printed with ``digits`` decimals, with
+    a true minus sign; strings are shown as they are.
+    """
+    if isinstance(rows, Mapping):
+        names = list(rows)
+        lengths = {len(rows[c]) for c in names}
+        if len(lengths) > 1:
+            raise ValueError(
+                f"rows: the columns have different lengths {sorted(lengths)}"
+            )
+        n = lengths.pop() if lengths else 0
+        rows = [{c: rows[c][i] for c in names} for i in range(n)]
+    rows = list(rows)
+    if not all(isinstance(r, Mapping) for r in rows):
+        raise TypeError("rows must be a list of mappings or a mapping of columns")
+    if isinstance(digits, bool) or not isinstance(digits, int) or digits < 0:
+        raise ValueError(f"digits must be a non-negative integer, got {digits!r}")
+    names = list(columns) if columns is not None else (list(rows[0]) if rows else [])
+    for i, r in enumerate(rows):
+        missing = [c for c in names if c not in r]
+        if missing:
+            raise KeyError(f"rows[{i}] has no column {missing[0]!r}")
+    return Table(
+        [str(c) for c in names],
+        [[_cell(r[c], digits) for c in names] for r in rows],
+        caption,
+    )

@@ -2,7 +2,9 @@
 
 import os
 import re
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +22,7 @@ from fmlab import (
     train,
 )
 from fmlab._validate import check_float, check_int, check_tensor
+from fmlab.repro import code_fingerprint
 
 
 # -- validation -------------------------------------------------------------------
@@ -146,12 +149,12 @@ def test_cache_builds_once_and_survives_interruption(tmp_path, monkeypatch):
         return {"w": torch.arange(3.0)}
 
     first = cached(_Cfg(), build, name="demo")
+    (entry,) = tmp_path.glob("demo-*.pt")
     second = cached(_Cfg(), build, name="demo")
     assert torch.equal(first["w"], second["w"]) and len(calls) == 1
     cached(_Cfg(a=2), build, name="demo")
     assert len(calls) == 2
     # a corrupt entry (as left by a crash of an older, non-atomic writer) is rebuilt
-    entry = next(tmp_path.glob(f"demo-{config_hash(_Cfg())}.pt"))
     entry.write_bytes(b"not a checkpoint")
     assert torch.equal(cached(_Cfg(), build, name="demo")["w"], torch.arange(3.0))
     assert len(calls) == 3
@@ -160,7 +163,7 @@ def test_cache_builds_once_and_survives_interruption(tmp_path, monkeypatch):
         cached(
             _Cfg(a=9), lambda: (_ for _ in ()).throw(RuntimeError("boom")), name="demo"
         )
-    assert not list(tmp_path.glob(f"demo-{config_hash(_Cfg(a=9))}*"))
+    assert len(list(tmp_path.glob("demo-*"))) == 2  # the entries of a=1 and a=2 only
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
     with pytest.raises(ValueError, match="name"):
         cached(_Cfg(), build, name="not a name")
@@ -215,3 +218,56 @@ def test_train_scheduled_follows_the_schedule_and_calls_back():
         train_scheduled(
             model, step_loss, steps=1, lr=0.1, optimizer="rmsprop", lr_factor=float
         )
+
+
+# -- the cache: dataclasses and the code fingerprint -------------------------------
+@dataclass(frozen=True)
+class _Inner:
+    values: torch.Tensor
+    label: str
+
+
+@dataclass(frozen=True)
+class _Result:
+    inner: _Inner
+    by_key: dict
+    numbers: tuple
+
+
+def test_cached_returns_result_dataclasses(tmp_path, monkeypatch):
+    monkeypatch.setenv("FMLAB_CACHE_DIR", str(tmp_path))
+    calls = []
+
+    def build():
+        calls.append(1)
+        return _Result(_Inner(torch.arange(3.0), "a"), {"x": [1, 2]}, (0.5, 2))
+
+    first = cached({"k": 1}, build, name="demo")
+    again = cached({"k": 1}, build, name="demo")
+    assert len(calls) == 1 and isinstance(again, _Result)
+    assert isinstance(again.inner, _Inner) and again.inner.label == "a"
+    assert torch.equal(again.inner.values, first.inner.values)
+    assert again.by_key == {"x": [1, 2]} and again.numbers == (0.5, 2)
+
+
+def test_code_fingerprint_follows_the_code(tmp_path):
+    """Editing a copy of the package changes the fingerprint of the chapters it feeds:
+    a core edit changes every chapter's, a chapter edit only that chapter's, and a
+    figure module changes none."""
+    pkg = tmp_path / "fmlab"
+    shutil.copytree(
+        Path(fmlab.__file__).parent, pkg, ignore=shutil.ignore_patterns("__pycache__")
+    )
+    before = {c: code_fingerprint(c, root=pkg) for c in ("ch1", "ch4", None)}
+    assert before == {c: code_fingerprint(c, root=pkg) for c in before}
+    ch4 = next((pkg / "chapters").glob("ch4_kernel*.py"))
+    ch4.write_text(ch4.read_text() + "\n# an edit\n")
+    after = {c: code_fingerprint(c, root=pkg) for c in before}
+    assert after["ch4"] != before["ch4"] and after[None] != before[None]
+    assert after["ch1"] == before["ch1"]
+    (pkg / "chapters" / "ch4_figures.py").write_text("# drawing only\n")
+    assert code_fingerprint("ch4", root=pkg) == after["ch4"]
+    (pkg / "train.py").write_text((pkg / "train.py").read_text() + "\n# core edit\n")
+    assert code_fingerprint("ch1", root=pkg) != before["ch1"]
+    with pytest.raises(ValueError, match="chapter"):
+        code_fingerprint("four")
