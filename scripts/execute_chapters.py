@@ -5,10 +5,13 @@
 ``make book`` runs this before ``jupyter-book build``. Jupyter Book (myst-nb in
 ``execute_notebooks: cache`` mode) executes notebooks one after another, on one core.
 This script finds the chapters whose current code has no entry in the same jupyter-cache
-database, executes them ``--jobs`` at a time (one kernel each, one intra-op thread each
-via ``OMP_NUM_THREADS``), longest first, and stores each executed notebook in the cache
-exactly as myst-nb would (same hash of the code cells, same ``execution_seconds``). The
-build that follows then finds every chapter in the cache and only renders it.
+database, or whose entry was made with other fmlab code (the entry stores the chapter's
+code fingerprint, :func:`fmlab.repro.code_fingerprint`, so an edit to the library
+re-executes exactly the chapters that depend on it), executes them ``--jobs`` at a time
+(one kernel each, one intra-op thread each via ``OMP_NUM_THREADS``), longest first,
+and stores each executed notebook in the cache exactly as myst-nb would (same hash of
+the code cells, same ``execution_seconds``). The build that follows then finds every
+chapter in the cache and only renders it.
 
 Any error (a failed claim included) stops the build: the script prints the traceback of
 each failed chapter and exits non-zero, and nothing is cached for a failed chapter.
@@ -76,6 +79,15 @@ def _execute(path: str, timeout: int) -> tuple[str, str | None, str | None, floa
     return nbformat.writes(nb), err, result.exc_string, result.time
 
 
+def _fingerprint(path: Path) -> str:
+    """The hash of the fmlab code this chapter's outputs depend on (its own modules
+    and every layer below the chapters; :func:`fmlab.repro.code_fingerprint`)."""
+    from fmlab.repro import code_fingerprint
+
+    number = path.name[:2]
+    return code_fingerprint(f"ch{int(number)}" if number.isdigit() else None)
+
+
 # cold execution times (s) of the chapters, by number, measured in a parallel build
 COLD_SECONDS = {"05": 276, "04": 186, "06": 124, "03": 40, "01": 20, "02": 15}
 
@@ -116,8 +128,12 @@ def main(argv=None) -> int:
     for path in _chapters():
         nb = nbformat.read(str(path), as_version=4)
         try:
-            cache.match_cache_notebook(nb)
+            record = cache.match_cache_notebook(nb)
         except KeyError:
+            todo.append(path)
+            continue
+        # the notebook is unchanged, but the library it runs may not be
+        if (record.data or {}).get("fmlab_code") != _fingerprint(path):
             todo.append(path)
     if not todo:
         print("execute_chapters: every chapter is in the execution cache")
@@ -149,7 +165,10 @@ def main(argv=None) -> int:
                 CacheBundleIn(
                     nbformat.reads(text, as_version=4),
                     record.uri,
-                    data={"execution_seconds": seconds},
+                    data={
+                        "execution_seconds": seconds,
+                        "fmlab_code": _fingerprint(path),
+                    },
                 ),
                 check_validity=False,
                 overwrite=True,
