@@ -1,31 +1,37 @@
-"""The pretraining-adaptation interface of contrastive learning, end to end (Chapter 2).
+"""The pretraining-adaptation interface of contrastive learning (Chapter 2).
 
-Used in ``notebooks/02-interface.ipynb``. Three experiments:
+The experiments of ``notebooks/02-interface.ipynb``, each a config, a runner (cached
+with :func:`fmlab.cached`) and a result dataclass:
 
-* :func:`pretrain_curl` trains an encoder on sampled triples :math:`(x, x^+, x^-)` of a
-  :class:`~fmlab.data.contrastive.LatentClassModel` and keeps checkpoints;
-  :func:`curl_along_training` evaluates both sides of Arora et al.'s bound exactly at
-  each.
-* :func:`connectivity_sweep` builds augmentation graphs of a
-  :class:`~fmlab.data.contrastive.MixtureOfManifolds` over a grid of augmentation
-  strengths and
-  class separations, and computes, for the minimiser of the spectral contrastive loss,
-  the
-  minimal adaptation loss of a linear probe beside HaoChen et al.'s guarantee.
-* :func:`pretrain_spectral` minimises the population spectral contrastive loss over an
-MLP
-  encoder or a free lookup table (no inductive bias), for the counterexample section.
+* Part I, :func:`latent_classes`: encoders pretrained on sampled triples of a
+  :class:`~fmlab.data.contrastive.LatentClassModel` (:func:`pretrain_curl`), with both
+  sides of Arora et al.'s bound and the best head evaluated exactly at every checkpoint
+  (:func:`curl_along_training`).
+* Part II, :func:`minimiser_check` (the spectral loss minimised by L-BFGS beside the
+  eigendecomposition), :func:`connectivity` (:func:`connectivity_sweep`: the minimiser's
+  linear probe beside HaoChen et al.'s guarantee over a grid of
+  :class:`~fmlab.data.contrastive.MixtureOfManifolds`) and :func:`trained_encoders`
+  (MLPs trained on the population spectral loss, :func:`pretrain_spectral`, against the
+  guarantee for approximate minimisers).
+* Part III, :func:`same_loss`: representations with the same pretraining loss (an MLP,
+  a lookup table, an MLP fitted to a scrambled minimiser) and their images under a graph
+  automorphism.
+
+The figures and tables are in :mod:`fmlab.chapters.ch2_figures`.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
 
 from .._validate import check_choice, check_float, check_int
+from ..claims import claim
 from ..data.contrastive import (
+    AugmentationGraph,
     LatentClassConfig,
     LatentClassModel,
     ManifoldConfig,
@@ -35,6 +41,8 @@ from ..data.contrastive import (
 from ..models.mlp import MLP, SphereEncoder
 from ..repro import make_generator, seed_everything
 from ..theory.contrastive import (
+    ProbeResult,
+    SpectralMinimizer,
     approximate_minimizer_bound,
     best_head_loss,
     class_means,
@@ -45,13 +53,17 @@ from ..theory.contrastive import (
     laplacian_eigenvalues,
     linear_probe_loss,
     make_spectral_loss,
+    minimize_spectral_loss,
+    outside_subspace,
     spectral_contrastive_loss,
     spectral_minimizer,
+    top_eigenvectors,
     within_class_spread,
 )
 from ..train import cached, progress, train
 
 __all__ = [
+    "exact_claim",
     "SphereEncoder",
     "CurlConfig",
     "pretrain_curl",
@@ -63,11 +75,24 @@ __all__ = [
     "pretrain_spectral",
     "scrambled_indicators",
     "spectral_along_training",
-    "plot_latent_class_training",
-    "plot_connectivity_sweep",
-    "render_sweep_state",
-    "plot_trained_spectral",
-    "plot_probe_predictions",
+    "LatentClassConfig",
+    "ManifoldConfig",
+    "LatentClassesConfig",
+    "LatentClassesResult",
+    "latent_classes",
+    "MinimiserCheckConfig",
+    "MinimiserCheck",
+    "minimiser_check",
+    "SweepConfig",
+    "connectivity",
+    "TrainedEncodersConfig",
+    "TrainedEncodersResult",
+    "trained_encoders",
+    "TRAINED",
+    "SameLossConfig",
+    "Evaluation",
+    "SameLossResult",
+    "same_loss",
 ]
 
 
@@ -165,9 +190,6 @@ def load_curl_encoder(cfg: CurlConfig, state: dict) -> SphereEncoder:
     return model.eval()
 
 
-_CURL_EVAL_VERSION = 3  # bump when the evaluation below changes
-
-
 def curl_along_training(cfg: CurlConfig) -> dict[str, torch.Tensor]:
     """Both sides of Arora et al.'s bound, and the best head, at every checkpoint
     (exact).
@@ -239,11 +261,7 @@ def curl_along_training(cfg: CurlConfig) -> dict[str, torch.Tensor]:
         out["tau"] = torch.tensor(world.collision_probability(), dtype=torch.float64)
         return out
 
-    return cached(
-        {"config": cfg, "evaluation": _CURL_EVAL_VERSION},
-        evaluate,
-        name="ch2_curl_eval",
-    )
+    return cached(cfg, evaluate, name="ch2_curl_eval")
 
 
 @dataclass(frozen=True)
@@ -501,237 +519,431 @@ def spectral_along_training(cfg: SpectralConfig) -> dict[str, torch.Tensor]:
 
 
 # --------------------------------------------------------------------------------------
-# figures of the chapter (the notebook's plotting cells call these)
+# the chapter's experiments: one config, one runner and one result per section
 # --------------------------------------------------------------------------------------
-def _colors():
-    from ..viz import PALETTE
+def _check_seeds(seeds) -> tuple[int, ...]:
+    if not isinstance(seeds, tuple) or not seeds:
+        raise TypeError(f"seeds must be a non-empty tuple of ints, got {seeds!r}")
+    return tuple(check_int("seeds", s, minimum=0) for s in seeds)
 
-    return list(PALETTE.values())
+
+def _check_world(world, cls) -> None:
+    if not isinstance(world, cls):
+        raise TypeError(f"world must be a {cls.__name__}, got {type(world).__name__}")
 
 
-def plot_latent_class_training(world: LatentClassModel, curves, seeds):
-    """Part I's figure: the latent classes, both sides of the bound and the best head
-    along training, and the interface plot :math:`L^{\\mu}_{\\text{sup}}` vs
-    :math:`L_{\\text{un}}`. ``curves`` are :func:`curl_along_training` results."""
-    import math
+@dataclass(frozen=True)
+class LatentClassesConfig:
+    """Part I: encoders pretrained on latent classes (one :class:`CurlConfig` per
+    seed, with the defaults of :class:`CurlConfig` for the architecture)."""
 
-    import matplotlib.pyplot as plt
-
-    from ..viz import PALETTE
-
-    if not isinstance(world, LatentClassModel):
-        raise TypeError(f"world must be a LatentClassModel, got {type(world).__name__}")
-    curves, seeds = list(curves), list(seeds)
-    if not curves or len(curves) != len(seeds):
-        raise ValueError("curves and seeds must be non-empty and of the same length")
-    colors = _colors()
-    tau, ell0 = world.collision_probability(), math.log(2)
-    fig, axes = plt.subplots(
-        1, 3, figsize=(13, 3.8), gridspec_kw={"width_ratios": [1, 1.3, 1.3]}
-    )
-    for c in range(world.config.n_classes):
-        pts = world.points[world.labels == c]
-        axes[0].scatter(pts[:, 0], pts[:, 1], s=6, color=colors[c % len(colors)])
-    axes[0].set(title="Latent classes (input space)", aspect="equal")
-    axes[0].axis("off")
-    for i, (s, cv) in enumerate(zip(seeds, curves)):
-        col = colors[i % len(colors)]
-        st = cv["steps"].clamp_min(1)
-        axes[1].plot(st, cv["bound"], "o-", color=col, ms=4, label=f"bound, seed {s}")
-        axes[1].plot(st, cv["mean_classifier"], "s--", color=col, ms=4, alpha=0.8)
-        axes[1].plot(st, cv["best_head"], "^:", color=col, ms=4, alpha=0.8)
-    axes[1].plot([], [], "k--s", ms=4, label=r"$L^\mu_{sup}$ (mean classifier)")
-    axes[1].plot([], [], "k:^", ms=4, label=r"$L^\star_{adapt}$ (best head)")
-    axes[1].axhline(ell0, color=PALETTE["black"], lw=1, ls="-.", label=r"$\ell(0)$")
-    axes[1].set(
-        xscale="log",
-        yscale="log",
-        xlabel="pretraining step (0 shown at 1)",
-        ylabel="population loss",
-        title="The chain along training",
-    )
-    axes[1].legend(fontsize=7, ncol=2)
-    hi = float(max(cv["unsupervised"].max() for cv in curves)) * 1.05
-    xs = torch.linspace(tau * ell0, hi, 50)
-    axes[2].axvspan(0, tau * ell0, color=PALETTE["red"], alpha=0.12)
-    axes[2].text(0.01, 0.02, r"$L_{un}<\tau\ell(0)$" "\nimpossible", fontsize=7)
-    axes[2].plot(xs, (xs - tau * ell0) / (1 - tau), color=PALETTE["black"], label="g")
-    for i, (s, cv) in enumerate(zip(seeds, curves)):
-        axes[2].plot(
-            cv["unsupervised"],
-            cv["mean_classifier"],
-            "o",
-            color=colors[i % len(colors)],
-            label=f"checkpoints, seed {s}",
+    world: LatentClassConfig = field(
+        default_factory=lambda: LatentClassConfig(
+            n_classes=6, clusters_per_class=3, points_per_cluster=12
         )
-    axes[2].set(
-        xlabel=r"pretraining loss $L_{un}(f)$",
-        ylabel=r"$L^\mu_{sup}(f)$",
-        xlim=(0, hi),
-        ylim=(0, None),
-        title=r"The interface: $L^\mu_{sup}\leq g(L_{un})$",
     )
-    axes[2].legend(fontsize=7)
-    fig.tight_layout()
-    return fig
+    seeds: tuple[int, ...] = (0, 1, 2)
+    steps: int = 300
+    lr: float = 3e-3
+    checkpoints: tuple[int, ...] = (0, 5, 10, 20, 40, 80, 150, 300)
+
+    def __post_init__(self):
+        _check_world(self.world, LatentClassConfig)
+        _check_seeds(self.seeds)
+        self.curl_configs()  # validates steps, lr and checkpoints
+
+    def curl_configs(self) -> list[CurlConfig]:
+        """The pretraining run of each seed."""
+        return [
+            CurlConfig(
+                world=self.world,
+                steps=self.steps,
+                lr=self.lr,
+                checkpoints=self.checkpoints,
+                seed=s,
+            )
+            for s in self.seeds
+        ]
 
 
-def plot_connectivity_sweep(sweep: SweepResult, trivial: float):
-    """Part II's figure: :math:`L^\\star_{\\text{adapt}}` of the minimiser and the
-    guarantee
-    over the grid, what the two knobs do to the graph, and a heat map."""
-    import matplotlib.pyplot as plt
+@dataclass(frozen=True)
+class LatentClassesResult:
+    """Part I, evaluated exactly at every checkpoint of every seed.
 
-    from ..viz import PALETTE
+    The tensors named after :func:`curl_along_training`'s entries have shape
+    ``(seed, checkpoint)``.
+    """
 
-    if not isinstance(sweep, SweepResult):
-        raise TypeError(f"sweep must be a SweepResult, got {type(sweep).__name__}")
-    colors = _colors()
-    L, B = sweep.minimal_adaptation_loss, sweep.bound
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
-    for j, sep in enumerate(sweep.separations):
-        col = colors[j % len(colors)]
-        axes[0].plot(sweep.along_stds, L[:, j], "o-", color=col, label=f"sep. {sep}")
-        axes[0].plot(sweep.along_stds, B[:, j].clamp_max(10), ":", color=col)
-    axes[0].axhline(trivial, color=PALETTE["black"], lw=1, ls="--", label="constant")
-    axes[0].set(
-        xscale="log",
-        yscale="log",
-        ylim=(1e-4, 12),
-        xlabel="augmentation along the manifold $s$",
-        ylabel=r"$L^\star_{adapt}(f^\star)$ (solid), $\phi/\lambda_{k+1}$ (dotted)",
-        title="Better within-class connectivity",
-    )
-    axes[0].legend(fontsize=7)
-    axes[1].plot(
-        sweep.along_stds,
-        sweep.lambda_next[:, 0],
-        "o-",
-        color=PALETTE["blue"],
-        label=r"gap $\lambda_{k+1}$",
-    )
-    for j, sep in enumerate(sweep.separations):
-        axes[1].plot(
-            sweep.along_stds,
-            sweep.leakage[:, j],
-            "s--",
-            color=colors[j % len(colors)],
-            alpha=0.8,
-            label=rf"leakage $\phi$, sep. {sep}",
+    seeds: tuple[int, ...]
+    steps: torch.Tensor  # the checkpoints, in increasing order
+    tau: float  # collision probability
+    ell0: float  # l(0) = log 2
+    radius: float  # R: every representation lies on the sphere of radius R
+    points: torch.Tensor  # (N, 2) the inputs
+    labels: torch.Tensor  # (N,) their latent class
+    class_probs: torch.Tensor  # (K,) rho
+    unsupervised: torch.Tensor  # L_un
+    mean_classifier: torch.Tensor  # L^mu_sup
+    bound: torch.Tensor  # (L_un - tau l(0)) / (1 - tau)
+    best_head: torch.Tensor  # L*_adapt (best head of norm <= 2R)
+    best_head_lower: torch.Tensor  # certified lower end of L*_adapt
+    max_mean_gap: torch.Tensor  # largest ||mu_c - mu_c'||
+    jensen_bound: torch.Tensor  # middle term of the slack bound
+    spread: torch.Tensor  # within-class spread s(f)
+    probe_error: torch.Tensor  # error of the K-way least-squares probe
+    raw_probe_error: float  # the same probe on the raw input
+    final_features: tuple[torch.Tensor, ...]  # f(x) after pretraining, per seed
+
+
+_CURVES = (
+    "unsupervised",
+    "mean_classifier",
+    "bound",
+    "best_head",
+    "best_head_lower",
+    "max_mean_gap",
+    "jensen_bound",
+    "spread",
+    "probe_error",
+)
+
+
+def latent_classes(cfg: LatentClassesConfig) -> LatentClassesResult:
+    """Train (cached) an encoder per seed and evaluate Arora et al.'s chain exactly
+    along training (:func:`curl_along_training`)."""
+    if not isinstance(cfg, LatentClassesConfig):
+        raise TypeError(f"cfg must be a LatentClassesConfig, got {type(cfg).__name__}")
+
+    def build():
+        world = LatentClassModel(cfg.world)
+        runs = cfg.curl_configs()
+        curves = [curl_along_training(c) for c in runs]
+        finals = []
+        for c in runs:
+            state = pretrain_curl(c)["checkpoints"][c.steps]
+            with torch.no_grad():
+                finals.append(
+                    load_curl_encoder(c, state)(world.points.float()).double()
+                )
+        return LatentClassesResult(
+            seeds=cfg.seeds,
+            steps=curves[0]["steps"],
+            tau=world.collision_probability(),
+            ell0=math.log(2),
+            radius=runs[0].radius,
+            points=world.points,
+            labels=world.labels,
+            class_probs=world.class_probs,
+            **{n: torch.stack([cv[n] for cv in curves]) for n in _CURVES},
+            raw_probe_error=linear_probe_loss(world.points, world.labels).error,
+            final_features=tuple(finals),
         )
-    axes[1].set(
-        xscale="log", yscale="log", xlabel="$s$", title="What the knobs do to the graph"
-    )
-    axes[1].legend(fontsize=7)
-    im = axes[2].imshow(
-        L.T.clamp_min(1e-6).log10(), origin="lower", aspect="auto", cmap="viridis"
-    )
-    axes[2].set(
-        xticks=range(len(sweep.along_stds)),
-        xticklabels=sweep.along_stds,
-        yticks=range(len(sweep.separations)),
-        yticklabels=sweep.separations,
-        xlabel="$s$",
-        ylabel="separation",
-        title=r"$\log_{10} L^\star_{adapt}(f^\star)$",
-    )
-    fig.colorbar(im, ax=axes[2])
-    fig.tight_layout()
-    return fig
+
+    return cached(cfg, build, name="ch2_latent_classes")
 
 
-def render_sweep_state(base: ManifoldConfig, s: float, sep: float, k: int, title: str):
-    """One state of Part II's slider: the circles coloured by :math:`f^\\star_2`, and
-    the
-    representation (coordinates 2 and 3, i.e. :math:`D^{1/2}f^\\star`) coloured by
-    class."""
-    import matplotlib.pyplot as plt
+@dataclass(frozen=True)
+class MinimiserCheckConfig:
+    """Part II: the spectral loss minimised over all functions on a small graph."""
 
-    if not isinstance(base, ManifoldConfig):
-        raise TypeError(f"base must be a ManifoldConfig, got {type(base).__name__}")
-    colors = _colors()
-    graph = MixtureOfManifolds(replace(base, along_std=s, separation=sep))
-    G = graph.augmentation_graph()
-    fstar = spectral_minimizer(G.weights, k).features * G.marginal.sqrt()[:, None]
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(7.6, 3.0))
-    a1.scatter(
-        G.points[:, 0].numpy(),
-        G.points[:, 1].numpy(),
-        c=fstar[:, 1].numpy(),
-        cmap="coolwarm",
-        s=9,
-    )
-    a1.set(aspect="equal", title=rf"$s$ = {s}, separation {sep}: colour = $f^\star_2$")
-    a1.axis("off")
-    for c in range(base.n_classes):
-        m = G.labels == c
-        a2.scatter(fstar[m, 1].numpy(), fstar[m, 2].numpy(), s=9, color=colors[c])
-    a2.set(
-        xticks=[], yticks=[], xlabel="coordinate 2", ylabel="coordinate 3", title=title
-    )
-    a2.grid(False)
-    fig.subplots_adjust(left=0.02, right=0.98, bottom=0.1, top=0.9, wspace=0.15)
-    return fig
-
-
-def plot_trained_spectral(steps, adapt, bound, exact_bound, minimiser_loss, trivial):
-    """Part II's trained encoders: :math:`L^\\star_{\\text{adapt}}(f_t)` and the
-    guarantee
-    for approximate minimisers along training (one line per seed), beside the guarantee
-    :math:`\\phi/\\lambda_{k+1}` of exact minimisers. ``adapt`` and ``bound`` are
-    ``(seeds, checkpoints)`` tensors."""
-    import matplotlib.pyplot as plt
-
-    from ..viz import PALETTE
-
-    colors = _colors()
-    adapt, bound = torch.as_tensor(adapt), torch.as_tensor(bound)
-    if adapt.shape != bound.shape or adapt.ndim != 2:
-        raise ValueError("adapt and bound must be (seeds, checkpoints) of one shape")
-    x = torch.as_tensor(steps).clamp_min(1)
-    fig, ax = plt.subplots(figsize=(8.2, 3.6))
-    for i in range(adapt.shape[0]):
-        col = colors[i % len(colors)]
-        ax.plot(
-            x, adapt[i], "o-", color=col, ms=4, label=f"$L^\\star_{{adapt}}$, seed {i}"
+    world: ManifoldConfig = field(
+        default_factory=lambda: ManifoldConfig(
+            points_per_class=16, separation=2.1, along_std=0.3, jitter_std=0.1
         )
-        ax.plot(x, bound[i], "s--", color=col, ms=4, alpha=0.8)
-    ax.plot([], [], "k--s", ms=4, label="guarantee for approx. minimisers")
-    ax.axhline(exact_bound, color=PALETTE["red"], lw=1.2, label=r"$\phi/\lambda_{k+1}$")
-    ax.axhline(minimiser_loss, color=PALETTE["black"], lw=1, ls=":", label="$f^\\star$")
-    ax.axhline(trivial, color=PALETTE["black"], lw=1, ls="--", label="constant")
-    ax.set(
-        xscale="log",
-        yscale="log",
-        xlabel="pretraining step (0 shown at 1)",
-        ylabel="squared loss of the best probe",
-        title="Trained MLP encoders vs the guarantees",
     )
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    return fig
+    k: int = 3
+    seeds: tuple[int, ...] = (0, 1, 2)  # random starts of L-BFGS
+
+    def __post_init__(self):
+        _check_world(self.world, ManifoldConfig)
+        check_int("k", self.k, minimum=1)
+        _check_seeds(self.seeds)
 
 
-def plot_probe_predictions(points, panels, title: str = ""):
-    """Part III's figure: the probe's predicted class at every point, one panel per
-    ``(title, predicted labels)`` pair, under an overall ``title``."""
-    import matplotlib.pyplot as plt
+@dataclass(frozen=True)
+class MinimiserCheck:
+    """The eigendecomposition's minimiser beside L-BFGS's, one per random start."""
 
-    colors = _colors()
-    panels = list(panels)
-    if not panels:
-        raise ValueError("panels must hold at least one (title, labels) pair")
-    if not isinstance(title, str):
-        raise TypeError(f"title must be a string, got {type(title).__name__}")
-    fig, axes = plt.subplots(1, len(panels), figsize=(2.6 * len(panels), 3.0))
-    for ax, (name, lab) in zip(list(axes), panels):
-        ax.scatter(points[:, 0], points[:, 1], c=[colors[int(c)] for c in lab], s=6)
-        ax.set_title(name, fontsize=9)
-        ax.set(aspect="equal")
-        ax.axis("off")
-    if title:
-        fig.suptitle(title, fontsize=10)
-        fig.tight_layout(rect=(0, 0, 1, 0.93))
-    else:
-        fig.tight_layout()
-    return fig
+    graph: AugmentationGraph
+    exact: SpectralMinimizer
+    found: tuple[torch.Tensor, ...]  # (N, k) tables found by L-BFGS
+
+
+def minimiser_check(cfg: MinimiserCheckConfig) -> MinimiserCheck:
+    """:func:`~fmlab.theory.contrastive.spectral_minimizer` and
+    :func:`~fmlab.theory.contrastive.minimize_spectral_loss` from each seed (cached)."""
+    if not isinstance(cfg, MinimiserCheckConfig):
+        raise TypeError(f"cfg must be a MinimiserCheckConfig, got {type(cfg).__name__}")
+
+    def build():
+        graph = MixtureOfManifolds(cfg.world).augmentation_graph()
+        exact = spectral_minimizer(graph.weights, cfg.k)
+        found = tuple(
+            minimize_spectral_loss(graph.weights, cfg.k, make_generator(s))
+            for s in cfg.seeds
+        )
+        return MinimiserCheck(graph, exact, found)
+
+    return cached(cfg, build, name="ch2_minimiser_check")
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """Part II's grid: augmentation strength along the circles times separation."""
+
+    base: ManifoldConfig = field(
+        default_factory=lambda: ManifoldConfig(
+            n_classes=3, points_per_class=48, jitter_std=0.1
+        )
+    )
+    along_stds: tuple[float, ...] = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6)
+    separations: tuple[float, ...] = (1.9, 2.0, 2.1, 2.2, 2.3)
+    k: int = 3
+
+    def __post_init__(self):
+        if not isinstance(self.base, ManifoldConfig):
+            raise TypeError(
+                f"base must be a ManifoldConfig, got {type(self.base).__name__}"
+            )
+        for name in ("along_stds", "separations"):
+            if not isinstance(getattr(self, name), tuple):
+                raise TypeError(f"{name} must be a tuple of floats")
+        check_int("k", self.k, minimum=1)
+
+
+def connectivity(cfg: SweepConfig) -> SweepResult:
+    """:func:`connectivity_sweep` over ``cfg``'s grid (cached)."""
+    if not isinstance(cfg, SweepConfig):
+        raise TypeError(f"cfg must be a SweepConfig, got {type(cfg).__name__}")
+
+    def build():
+        return connectivity_sweep(cfg.base, cfg.along_stds, cfg.separations, cfg.k)
+
+    return cached(cfg, build, name="ch2_connectivity")
+
+
+@dataclass(frozen=True)
+class TrainedEncodersConfig:
+    """Part II: MLP encoders trained on the exact population spectral loss of one
+    graph of the sweep, one :class:`SpectralConfig` per seed."""
+
+    world: ManifoldConfig = field(
+        default_factory=lambda: ManifoldConfig(
+            n_classes=3,
+            points_per_class=48,
+            jitter_std=0.1,
+            along_std=0.4,
+            separation=2.2,
+        )
+    )
+    k: int = 3
+    seeds: tuple[int, ...] = (0, 1, 2)
+    steps: int = 400
+    lr: float = 1e-2
+    checkpoints: tuple[int, ...] = (0, 25, 50, 100, 200, 400)
+
+    def __post_init__(self):
+        _check_world(self.world, ManifoldConfig)
+        _check_seeds(self.seeds)
+        self.spectral_configs()  # validates k, steps, lr and checkpoints
+
+    def spectral_configs(self) -> list[SpectralConfig]:
+        """The pretraining run of each seed."""
+        return [
+            SpectralConfig(
+                world=self.world,
+                rep_dim=self.k,
+                steps=self.steps,
+                lr=self.lr,
+                checkpoints=self.checkpoints,
+                seed=s,
+            )
+            for s in self.seeds
+        ]
+
+
+@dataclass(frozen=True)
+class TrainedEncodersResult:
+    """Part II's trained encoders, evaluated exactly at every checkpoint; the
+    tensors have shape ``(seed, checkpoint)``."""
+
+    steps: torch.Tensor  # the checkpoints
+    excess: torch.Tensor  # epsilon = L_spec(f_t) - min L_spec
+    adapt: torch.Tensor  # L*_adapt(f_t)
+    guarantee: torch.Tensor  # the bound for approximate minimisers at that excess
+    graph: AugmentationGraph
+    minimiser: SpectralMinimizer  # f*, from the eigendecomposition
+    leakage: float  # phi, the label leakage of the graph
+
+
+_ALONG = ("excess", "adapt", "guarantee")
+
+
+def trained_encoders(cfg: TrainedEncodersConfig) -> TrainedEncodersResult:
+    """Train (cached) an encoder per seed and evaluate it with
+    :func:`spectral_along_training`."""
+    if not isinstance(cfg, TrainedEncodersConfig):
+        raise TypeError(
+            f"cfg must be a TrainedEncodersConfig, got {type(cfg).__name__}"
+        )
+
+    def build():
+        evals = [spectral_along_training(c) for c in cfg.spectral_configs()]
+        graph = MixtureOfManifolds(cfg.world).augmentation_graph()
+        return TrainedEncodersResult(
+            steps=evals[0]["steps"],
+            **{n: torch.stack([e[n] for e in evals]) for n in _ALONG},
+            graph=graph,
+            minimiser=spectral_minimizer(graph.weights, cfg.k),
+            leakage=label_leakage(graph.weights, graph.labels),
+        )
+
+    return cached(cfg, build, name="ch2_trained_encoders")
+
+
+#: The trained representations of Part III, in the order the chapter shows them.
+TRAINED = ("MLP", "lookup table", "MLP, scrambled fit")
+
+
+@dataclass(frozen=True)
+class SameLossConfig:
+    """Part III: representations of the arcs test bed, pretrained or fitted."""
+
+    world: ManifoldConfig = field(
+        default_factory=lambda: ManifoldConfig(
+            n_classes=3,
+            points_per_class=48,
+            arcs=3,
+            jitter_std=0.0,
+            along_std=0.3,
+            separation=3.0,
+        )
+    )
+    seeds: tuple[int, ...] = (0, 1, 2)
+    steps: int = 400  # full-batch Adam steps on the exact population loss
+    lr: float = 1e-2
+    fit_steps: int = 600  # least-squares steps towards the scrambled indicators
+    k: int = 3
+
+    def __post_init__(self):
+        _check_world(self.world, ManifoldConfig)
+        _check_seeds(self.seeds)
+        if self.k != self.world.n_classes:
+            raise ValueError(
+                f"k must equal world.n_classes (class indicators), got k={self.k}"
+            )
+        self.spectral_configs()  # validates steps, lr and fit_steps
+
+    def spectral_configs(self) -> dict[str, list[SpectralConfig]]:
+        """How each trained representation is obtained, one config per seed."""
+        how = dict(
+            zip(
+                TRAINED,
+                (
+                    dict(encoder="mlp", steps=self.steps),
+                    dict(encoder="table", steps=self.steps),
+                    dict(
+                        encoder="mlp",
+                        start="scrambled",
+                        fit_steps=self.fit_steps,
+                        steps=0,
+                    ),
+                ),
+            )
+        )
+        return {
+            name: [
+                SpectralConfig(
+                    world=self.world, rep_dim=self.k, lr=self.lr, seed=s, **kw
+                )
+                for s in self.seeds
+            ]
+            for name, kw in how.items()
+        }
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """A representation ``f`` and ``f∘π``, on the population (Part III)."""
+
+    loss: float  # L_spec(f)
+    loss_pi: float  # L_spec(f∘π)
+    excess: float  # L_spec(f) - min L_spec
+    outside: (
+        float  # ||(I - P_m) P||_F^2: the part of f that is not a function of the arc
+    )
+    probe: ProbeResult  # best linear probe on f
+    probe_pi: ProbeResult  # best linear probe on f∘π
+
+
+@dataclass(frozen=True)
+class SameLossResult:
+    """Part III: the graph, the automorphism ``perm`` (:math:`\\pi`) and an
+    :class:`Evaluation` of every representation, per seed (one for the class
+    indicators, which need no seed)."""
+
+    seeds: tuple[int, ...]
+    graph: AugmentationGraph
+    perm: torch.Tensor  # pi as an index tensor: f∘π is f[perm]
+    laplacian: torch.Tensor  # eigenvalues lambda_1 <= lambda_2 <= ... of I - A-bar
+    minimum: float  # min L_spec with k outputs
+    n_arcs: int  # m, the number of components
+    evaluations: dict[str, list[Evaluation]]
+
+    def probe_losses(self, name: str, *, composed: bool = False) -> torch.Tensor:
+        """``L*_adapt`` of representation ``name`` per seed (of ``f∘π`` if
+        ``composed``)."""
+        return torch.tensor(
+            [(e.probe_pi if composed else e.probe).mse for e in self.evaluations[name]]
+        )
+
+
+def same_loss(cfg: SameLossConfig) -> SameLossResult:
+    """Train (cached) every representation of Part III and evaluate it and its image
+    under the automorphism :math:`\\pi` exactly."""
+    if not isinstance(cfg, SameLossConfig):
+        raise TypeError(f"cfg must be a SameLossConfig, got {type(cfg).__name__}")
+
+    def build():
+        arcs = MixtureOfManifolds(cfg.world)
+        G = arcs.augmentation_graph()
+        r = cfg.world.n_classes
+        perm = arcs.arc_permutation(class_mixing_arc_map(r, cfg.world.arcs))
+        best = spectral_minimizer(G.weights, cfg.k).loss
+        n_arcs = r * cfg.world.arcs
+        arc_basis = top_eigenvectors(G.weights, n_arcs)  # D^1/2-weighted indicators
+
+        def evaluate(f):
+            return Evaluation(
+                loss=float(spectral_contrastive_loss(f, G.weights)),
+                loss_pi=float(spectral_contrastive_loss(f[perm], G.weights)),
+                excess=float(spectral_contrastive_loss(f, G.weights)) - best,
+                outside=outside_subspace(f, arc_basis, G.marginal),
+                probe=linear_probe_loss(f, G.labels, G.marginal),
+                probe_pi=linear_probe_loss(f[perm], G.labels, G.marginal),
+            )
+
+        indicator = math.sqrt(r) * torch.nn.functional.one_hot(G.labels, r).double()
+        evaluations = {"class indicators": [evaluate(indicator)]}
+        for name, runs in cfg.spectral_configs().items():
+            evaluations[name] = [
+                evaluate(pretrain_spectral(c)["features"]) for c in runs
+            ]
+        return SameLossResult(
+            seeds=cfg.seeds,
+            graph=G,
+            perm=perm,
+            laplacian=laplacian_eigenvalues(G.weights),
+            minimum=best,
+            n_arcs=n_arcs,
+            evaluations=evaluations,
+        )
+
+    return cached(cfg, build, name="ch2_same_loss")
+
+
+def exact_claim(statement: str, condition, evidence: str = "", **kwargs) -> None:
+    """:func:`fmlab.claim` with ``kind="check"``: an exact statement (an identity, or a
+    theorem's inequality at every point) that can fail only through a bug. Every claim
+    of Chapter 2 that is not a :func:`fmlab.finding` is one."""
+    claim(statement, condition, evidence, kind="check", **kwargs)
