@@ -20,7 +20,7 @@ export FMLAB_PROGRESS = 0
 export OMP_NUM_THREADS ?= 1
 export PYDEVD_DISABLE_FILE_VALIDATION = 1
 
-.PHONY: book test seeds clean
+.PHONY: book test seeds clean chapter
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -40,6 +40,10 @@ test: book
 	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile \
 		_build/executed tests \
 		--nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg
+
+# One chapter alone, into the same execution cache: make chapter CH=04
+chapter: $(STAMP)
+	$(BIN)/python scripts/execute_chapters.py --jobs 1 --only $(CH)
 
 # The robustness run (not part of test): every chapter at seed offsets 1-4.
 seeds: $(STAMP)

@@ -127,16 +127,49 @@ def _table(results: list[dict], offsets: list[int]) -> tuple[str, bool]:
                 cells.append("–")
                 ok = False
                 continue
-            mark = "✔" if c["verified"] else "✘"
-            ok &= bool(c["verified"])
+            claimed = c.get("claimed", True)
+            mark = ("✔" if c["verified"] else "✘") if claimed else "○"
+            ok &= bool(c["verified"]) or not claimed
             v = c.get("value")
             if isinstance(v, (int, float)):
                 mark += f" {v:+.3g}"
+            if c.get("strength") is not None:
+                mark += f" ({c['strength']:.2f}×)"
             cells.append(mark)
-        lines.append(
-            f"| {ident[0][:2]} | {label} | {row['kind']} | " + " | ".join(cells) + " |"
+        kind = (
+            row["kind"]
+            if all(c.get("claimed", True) for c in row["by"].values())
+            else "measured"
         )
+        lines.append(
+            f"| {ident[0][:2]} | {label} | {kind} | " + " | ".join(cells) + " |"
+        )
+    lines += ["", _worst_table(rows, order, offsets)]
     return "\n".join(lines), ok
+
+
+def _worst_table(rows: dict, order: list, offsets: list[int]) -> str:
+    """Every keyed finding at its worst offset: how many times the mean clears the
+    rule's 3 standard errors there (below 1 fails; below 1.5 leaves little room)."""
+    lines = [
+        "| key | status | worst offset | strength there | every offset holds |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for ident in order:
+        row = rows[ident]
+        if not row["key"] or row["kind"] != "finding":
+            continue
+        seen = {k: c for k, c in row["by"].items() if c.get("strength") is not None}
+        if not seen:
+            continue
+        worst = min(seen, key=lambda k: seen[k]["strength"])
+        claimed = all(c.get("claimed", True) for c in row["by"].values())
+        holds = all(row["by"].get(k, {}).get("verified") for k in offsets)
+        lines.append(
+            f"| `{row['key']}` | {'claimed' if claimed else 'measured'} | {worst} | "
+            f"{seen[worst]['strength']:.2f}× | {'yes' if holds else 'no'} |"
+        )
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
@@ -173,7 +206,9 @@ def main(argv=None) -> int:
         futures = [pool.submit(_run, nb, k, args.timeout) for nb, k in jobs]
         for fut in futures:
             res = fut.result()
-            n_bad = sum(not c["verified"] for c in res["claims"])
+            n_bad = sum(
+                not c["verified"] and c.get("claimed", True) for c in res["claims"]
+            )
             status = (
                 "error: " + res["errors"][0] if res["errors"] else f"{n_bad} failed"
             )

@@ -79,6 +79,28 @@ def _execute(path: str, timeout: int) -> tuple[str, str | None, str | None, floa
     return nbformat.writes(nb), err, result.exc_string, result.time
 
 
+def _failure_summary(path: Path, text: str) -> str:
+    """Where a chapter stopped, in a reader's words: the chapter, the code cell (its
+    number and first line), the failed claim if a claim failed, and how to rerun that
+    chapter alone."""
+    nb = nbformat.reads(text, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    where, what = "an unknown cell", ""
+    for number, cell in enumerate(code, start=1):
+        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+        if errors:
+            first = next((ln for ln in cell.source.splitlines() if ln.strip()), "")
+            where = f"code cell {number} of {len(code)} (starting `{first[:60]}`)"
+            e = errors[0]
+            what = f"{e.get('ename', 'error')}: {e.get('evalue', '')}"[:600]
+            break
+    return (
+        f"execute_chapters: chapter {path.stem} stopped in {where}\n"
+        f"  {what}\n"
+        f"  rerun this chapter alone: make chapter CH={path.name[:2]}"
+    )
+
+
 def _fingerprint(path: Path) -> str:
     """The hash of the fmlab code this chapter's outputs depend on (its own modules
     and every layer below the chapters; :func:`fmlab.repro.code_fingerprint`)."""
@@ -114,6 +136,12 @@ def main(argv=None) -> int:
         "--cache", type=Path, default=ROOT / "_build" / ".jupyter_cache"
     )
     parser.add_argument(
+        "--only",
+        nargs="+",
+        default=None,
+        help="execute only the chapters whose file names start with these, e.g. 04",
+    )
+    parser.add_argument(
         "--export",
         type=Path,
         default=ROOT / "_build" / "executed",
@@ -125,7 +153,12 @@ def main(argv=None) -> int:
 
     cache = get_cache(str(args.cache))
     todo = []
-    for path in _chapters():
+    chapters = _chapters()
+    if args.only:
+        chapters = [p for p in chapters if any(p.name.startswith(o) for o in args.only)]
+        if not chapters:
+            parser.error(f"no chapter matches {args.only}")
+    for path in chapters:
         nb = nbformat.read(str(path), as_version=4)
         try:
             record = cache.match_cache_notebook(nb)
@@ -137,7 +170,7 @@ def main(argv=None) -> int:
             todo.append(path)
     if not todo:
         print("execute_chapters: every chapter is in the execution cache")
-        return _export(cache, args.export)
+        return _export(cache, args.export, strict=not args.only)
     todo.sort(key=lambda p: -_expected_seconds(cache, p))
     timeout = _config()["timeout"]
     print(
@@ -156,7 +189,8 @@ def main(argv=None) -> int:
             if err is not None:
                 failed.append(path)
                 print(
-                    f"\nFAILED {path.name} after {seconds:.1f} s: {err}\n{tb}",
+                    f"\nFAILED {path.name} after {seconds:.1f} s: {err}\n{tb}\n"
+                    + _failure_summary(path, text),
                     flush=True,
                 )
                 continue
@@ -185,11 +219,12 @@ def main(argv=None) -> int:
     if failed:
         print("execute_chapters: FAILED: " + ", ".join(p.name for p in failed))
         return 1
-    return _export(cache, args.export)
+    return _export(cache, args.export, strict=not args.only)
 
 
-def _export(cache, folder: Path) -> int:
-    """Write each chapter merged with its cached outputs to ``folder``."""
+def _export(cache, folder: Path, strict: bool = True) -> int:
+    """Write each chapter merged with its cached outputs to ``folder`` (with
+    ``strict=False``, skip chapters not executed yet)."""
     folder.mkdir(parents=True, exist_ok=True)
     for old in folder.glob("*.ipynb"):
         old.unlink()
@@ -198,6 +233,8 @@ def _export(cache, folder: Path) -> int:
         try:
             _, executed = cache.merge_match_into_notebook(nb)
         except KeyError:
+            if not strict:
+                continue
             print(f"execute_chapters: {path.name} is not in the execution cache")
             return 1
         nbformat.write(executed, str(folder / path.name))

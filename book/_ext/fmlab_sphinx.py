@@ -35,6 +35,127 @@ class claims_index_placeholder(nodes.General, nodes.Element):
     """Replaced by the claims tables once every page has been read."""
 
 
+class ledger_placeholder(nodes.General, nodes.Element):
+    """Replaced by the reproduction ledger once every page has been read."""
+
+
+class LedgerDirective(SphinxDirective):
+    has_content = False
+
+    def run(self):
+        return [ledger_placeholder()]
+
+
+def _registry(app) -> dict:
+    """The claims registry, ``book/claims.yml`` (keys and phenomena)."""
+    import yaml
+
+    path = Path(app.srcdir) / "book" / "claims.yml"
+    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    return {"keys": data.get("keys") or {}, "phenomena": data.get("phenomena") or {}}
+
+
+def _records_by_key(env) -> dict:
+    out = {}
+    for docname, records in getattr(env, "fmlab_claims", {}).items():
+        for r in records:
+            if r.get("key"):
+                out[r["key"]] = (docname, r)
+    return out
+
+
+def ledger_rows(registry: dict, by_key: dict) -> list[dict]:
+    """One row per phenomenon: its keys' values and a status computed from them.
+
+    *reproduced*: every key is claimed and verified (and no caveat is registered);
+    *partly*: some are, or all are but the registry records a caveat;
+    *not reproduced*: none is (each key is measured and fails, or fails its claim);
+    *not studied*: the phenomenon has no key in the book yet.
+    """
+    rows = []
+    for pid, ph in registry["phenomena"].items():
+        keys = [k for k, e in registry["keys"].items() if e["phenomenon"] == pid]
+        held = []
+        for k in keys:
+            r = by_key.get(k, (None, None))[1]
+            held.append(bool(r and r.get("claimed", True) and r["verified"]))
+        if not keys:
+            status = "not studied"
+        elif all(held):
+            status = "partly" if ph.get("caveat") else "reproduced"
+        elif any(held):
+            status = "partly"
+        else:
+            status = "not reproduced"
+        rows.append({"id": pid, "phenomenon": ph, "keys": keys, "status": status})
+    return rows
+
+
+def _key_line(key, entry, found):
+    """``key = value (verdict)`` for the ledger's "this book" column."""
+    if found is None:
+        return f"{key}: not produced"
+    r = found[1]
+    if r.get("claimed", True):
+        verdict = "claimed, verified" if r["verified"] else "claimed, FAILED"
+    else:
+        verdict = "measured: " + ("holds at this build" if r["verified"] else "fails")
+    return f"{key} = {_value_text(r.get('value'))} ({verdict})"
+
+
+def _ledger(app, fromdocname):
+    env = app.env
+    reg = _registry(app)
+    by_key = _records_by_key(env)
+    rows = []
+    for row in ledger_rows(reg, by_key):
+        ph = row["phenomenon"]
+        book = nodes.paragraph()
+        for i, k in enumerate(row["keys"]):
+            if i:
+                book += nodes.Text("; ")
+            found = by_key.get(k)
+            text = _key_line(k, reg["keys"][k], found)
+            if found is not None:
+                uri = app.builder.get_relative_uri(fromdocname, found[0])
+                book += nodes.reference(
+                    "", text, internal=True, refuri=f"{uri}#{found[1]['anchor']}"
+                )
+            else:
+                book += nodes.Text(text)
+        if not row["keys"]:
+            book += nodes.Text("no experiment in this build")
+        why = ph.get("caveat", "")
+        if row["status"] == "not reproduced" and not why:
+            why = "measured, does not hold by the margin rule (see the key's line)"
+        status = nodes.paragraph()
+        status += nodes.strong(text=row["status"])
+        if why:
+            status += nodes.Text(": " + why)
+        rows.append(
+            [
+                f"{ph['chapter']}",
+                ph["title"],
+                str(ph.get("paper", "")),
+                book,
+                status,
+            ]
+        )
+    section = nodes.section(ids=["reproduction-ledger"])
+    section += nodes.title(text="Reproduction ledger")
+    section += nodes.paragraph(
+        text="One row per phenomenon of the sources: the paper's number, this build's "
+        "numbers (each key's value, the quantity its verdict tests, as defined in "
+        "book/claims.yml) and a status computed from the keys."
+    )
+    section += _table(
+        (5, 25, 18, 30, 22),
+        ("ch.", "phenomenon", "paper", "this book", "status"),
+        rows,
+    )
+    return [section]
+
+
 class ClaimsIndexDirective(SphinxDirective):
     has_content = False
 
@@ -133,12 +254,14 @@ def _value_text(value) -> str:
 def _headlines(app, fromdocname):
     """A table of every keyed claim, with its value, for the top of the index."""
     env = app.env
+    keys = _registry(app)["keys"]
     rows = []
     for docname in _chapters(env):
         uri = app.builder.get_relative_uri(fromdocname, docname)
         for r in env.fmlab_claims[docname]:
             if not r.get("key"):
                 continue
+            quantity = keys.get(r["key"], {}).get("quantity", "")
             link = nodes.paragraph()
             link += nodes.reference(
                 "", r["statement"], internal=True, refuri=f"{uri}#{r['anchor']}"
@@ -146,9 +269,10 @@ def _headlines(app, fromdocname):
             rows.append(
                 [
                     nodes.paragraph("", "", nodes.literal(text=r["key"])),
-                    r["kind"],
+                    r["kind"] if r.get("claimed", True) else "measured",
                     link,
-                    _value_text(r.get("value")),
+                    _value_text(r.get("value"))
+                    + (f" ({quantity})" if quantity else ""),
                 ]
             )
     if not rows:
@@ -156,14 +280,17 @@ def _headlines(app, fromdocname):
     section = nodes.section(ids=["claims-headlines"])
     section += nodes.title(text="Headline results")
     section += nodes.paragraph(
-        text="Every keyed claim of the book, with the value measured by this build."
+        text="Every keyed claim of the book, with the value measured by this build "
+        "and what that value is (from the claims registry)."
     )
-    section += _table((18, 10, 56, 16), ("key", "kind", "claim", "value"), rows)
+    section += _table((18, 10, 40, 32), ("key", "kind", "claim", "value"), rows)
     return [section]
 
 
 def _resolve(app, doctree, fromdocname):
     env = app.env
+    for placeholder in list(doctree.findall(ledger_placeholder)):
+        placeholder.replace_self(_ledger(app, fromdocname))
     for placeholder in list(doctree.findall(claims_index_placeholder)):
         content = _headlines(app, fromdocname)
         for docname in _chapters(env):
@@ -192,9 +319,11 @@ def _resolve(app, doctree, fromdocname):
                 if r.get("key"):
                     para += nodes.Text(" ")
                     para += nodes.literal(text=r["key"])
-                rows.append(
-                    ["✔" if r["verified"] else "✘", r["kind"], para, r["evidence"]]
+                mark = (
+                    "○" if not r.get("claimed", True) else "✔" if r["verified"] else "✘"
                 )
+                kind = r["kind"] if r.get("claimed", True) else "measured"
+                rows.append([mark, kind, para, r["evidence"]])
             section += _table((6, 12, 50, 32), ("", "kind", "claim", "evidence"), rows)
             content.append(section)
         if len(content) <= 1 and not _chapters(env):
@@ -202,10 +331,30 @@ def _resolve(app, doctree, fromdocname):
         placeholder.replace_self(content)
 
 
+def _check_registry(app, env):
+    """Every key the chapters produce is registered, and every registered key is
+    produced by its chapter: otherwise the build fails."""
+    if not getattr(env, "fmlab_claims", None):
+        return
+    from sphinx.errors import ExtensionError
+
+    keys = _registry(app)["keys"]
+    produced = _records_by_key(env)
+    unknown = sorted(set(produced) - set(keys))
+    missing = sorted(set(keys) - set(produced))
+    if unknown:
+        raise ExtensionError("claims not in book/claims.yml: " + ", ".join(unknown))
+    if missing:
+        raise ExtensionError(
+            "keys of book/claims.yml that no chapter produced: " + ", ".join(missing)
+        )
+
+
 def _write_json(app, exception):
     if exception is not None or app.builder.format != "html":
         return
     env = app.env
+    keys = _registry(app)["keys"]
     rows = []
     for docname in _chapters(env):
         page = app.builder.get_target_uri(docname)
@@ -218,8 +367,11 @@ def _write_json(app, exception):
                     "kind": r["kind"],
                     "statement": r["statement"],
                     "verified": r["verified"],
+                    "claimed": r.get("claimed", True),
                     "evidence": r["evidence"],
                     "value": r.get("value"),
+                    "strength": r.get("strength"),
+                    "quantity": keys.get(r.get("key"), {}).get("quantity"),
                     "link": f"{page}#{r['anchor']}",
                 }
             )
@@ -264,6 +416,9 @@ def setup(app):
     app.connect("config-inited", _buttons_only_with_a_repository)
     app.add_node(claims_index_placeholder)
     app.add_directive("fmlab-claims-index", ClaimsIndexDirective)
+    app.add_node(ledger_placeholder)
+    app.add_directive("fmlab-ledger", LedgerDirective)
+    app.connect("env-check-consistency", _check_registry)
     app.connect("doctree-read", _collect)
     app.connect("env-purge-doc", _purge)
     app.connect("env-merge-info", _merge)

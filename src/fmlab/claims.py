@@ -34,6 +34,7 @@ import numbers
 import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -48,6 +49,8 @@ __all__ = [
     "claims_table",
     "reset_claims",
     "MARGIN_RULE",
+    "registry",
+    "registry_path",
 ]
 
 MARGIN_RULE = (
@@ -57,6 +60,69 @@ MARGIN_RULE = (
 
 _KEY = re.compile(r"^ch[0-9]+\.[a-z0-9_]+(\.[a-z0-9_]+)*$")
 _KINDS = ("finding", "check")
+_STATUSES = ("claimed", "measured")
+_REGISTRY_NAME = Path("book") / "claims.yml"
+
+
+def registry_path() -> Path:
+    """Where the claims registry is: ``$FMLAB_CLAIMS_REGISTRY``, else the first
+    ``book/claims.yml`` found from the working directory upwards."""
+    env = os.environ.get("FMLAB_CLAIMS_REGISTRY")
+    if env:
+        return Path(env)
+    here = Path.cwd().resolve()
+    for folder in (here, *here.parents):
+        if (folder / _REGISTRY_NAME).is_file():
+            return folder / _REGISTRY_NAME
+    raise FileNotFoundError(
+        "no claims registry: book/claims.yml was not found from the working "
+        f"directory {here} upwards; set FMLAB_CLAIMS_REGISTRY to its path"
+    )
+
+
+_REGISTRY_CACHE: dict = {}
+
+
+def registry() -> dict:
+    """The keys of the claims registry (``book/claims.yml``), checked, by key."""
+    path = registry_path()
+    stamp = (str(path), path.stat().st_mtime_ns)
+    if _REGISTRY_CACHE.get("stamp") != stamp:
+        import yaml
+
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        keys = data.get("keys") or {}
+        phenomena = data.get("phenomena") or {}
+        for key, entry in keys.items():
+            _check_entry(key, entry, phenomena)
+        _REGISTRY_CACHE.update(stamp=stamp, keys=keys, phenomena=phenomena)
+    return _REGISTRY_CACHE["keys"]
+
+
+def _check_entry(key: str, entry: dict, phenomena: dict) -> None:
+    where = f"claims registry: {key}"
+    if not _KEY.match(key):
+        raise ValueError(f"{where}: a key looks like 'ch6.icl_gain_k3'")
+    for field in ("chapter", "kind", "status", "quantity", "source", "phenomenon"):
+        if field not in entry:
+            raise ValueError(f"{where} has no {field!r}")
+    if entry["kind"] not in _KINDS:
+        raise ValueError(f"{where}: kind must be one of {_KINDS}")
+    if entry["status"] not in _STATUSES:
+        raise ValueError(f"{where}: status must be one of {_STATUSES}")
+    if f"ch{entry['chapter']}." != key[: key.index(".") + 1]:
+        raise ValueError(f"{where}: chapter {entry['chapter']} does not match the key")
+    if entry["phenomenon"] not in phenomena:
+        raise ValueError(f"{where}: phenomenon {entry['phenomenon']!r} is not listed")
+    if entry["kind"] == "finding":
+        if ("margin" in entry) == ("null_value" in entry or "direction" in entry):
+            raise ValueError(
+                f"{where}: a finding has either null and direction, or a margin"
+            )
+        if "margin" in entry and not float(entry["margin"]) > 0:
+            raise ValueError(f"{where}: margin must be positive")
+        if "direction" in entry and entry["direction"] not in (">", "<"):
+            raise ValueError(f"{where}: direction must be '>' or '<'")
 
 
 class ClaimFailed(AssertionError):
@@ -74,6 +140,8 @@ class ClaimRecord:
     key: str | None = None
     value: float | dict | None = None
     anchor: str = ""
+    claimed: bool = True
+    strength: float | None = None
 
     def as_dict(self) -> dict:
         return {
@@ -81,8 +149,10 @@ class ClaimRecord:
             "kind": self.kind,
             "statement": self.statement,
             "verified": self.verified,
+            "claimed": self.claimed,
             "evidence": self.evidence,
             "value": self.value,
+            "strength": self.strength,
             "anchor": self.anchor,
         }
 
@@ -165,21 +235,33 @@ class _Verdict:
 
     def _label(self) -> str:
         r = self.record
+        if not r.claimed:
+            word = "holds here" if r.verified else "does not hold"
+            return f"measured, not claimed ({word})"
         word = "verified" if r.verified else "FAILED"
         return f"{word} {r.kind}"
 
+    def _mark(self) -> str:
+        r = self.record
+        if not r.claimed:
+            return "○"
+        return "✔" if r.verified else "✘"
+
     def __repr__(self) -> str:
         r = self.record
-        mark = "✔" if r.verified else "✘"
+        mark = self._mark()
         key = f" [{r.key}]" if r.key else ""
         tail = f" ({r.evidence})" if r.evidence else ""
         return f"{mark} {self._label()}{key}: {r.statement}{tail}"
 
     def _repr_html_(self) -> str:
         r = self.record
-        colour, bg, mark = (
-            ("#2e7d32", "#edf7ee", "✔") if r.verified else ("#b71c1c", "#fdecea", "✘")
-        )
+        if not r.claimed:
+            colour, bg, mark = "#455a64", "#eceff1", "○"
+        elif r.verified:
+            colour, bg, mark = "#2e7d32", "#edf7ee", "✔"
+        else:
+            colour, bg, mark = "#b71c1c", "#fdecea", "✘"
         ev = (
             f' <span class="fmlab-evidence">({html.escape(r.evidence)})</span>'
             if r.evidence
@@ -188,7 +270,8 @@ class _Verdict:
         key = f' <code class="fmlab-key">{html.escape(r.key)}</code>' if r.key else ""
         data = html.escape(json.dumps(r.as_dict(), ensure_ascii=False), quote=True)
         return (
-            f'<div class="fmlab-claim fmlab-{r.kind}" id="{r.anchor}" '
+            f'<div class="fmlab-claim fmlab-{r.kind}'
+            f'{"" if r.claimed else " fmlab-measured"}" id="{r.anchor}" '
             f'data-fmlab-claim="{data}" '
             f'style="border-left:4px solid {colour};background:{bg};'
             'padding:4px 10px;margin:4px 0;font-family:sans-serif">'
@@ -215,11 +298,11 @@ def claim(
     condition,
     evidence: str = "",
     *,
-    kind: str = "finding",
+    kind: str = "check",
     key: str | None = None,
     value=None,
 ) -> None:
-    """Check a claim the text makes and show that it was verified.
+    """Check an exact statement the text makes and show that it was verified.
 
     Parameters
     ----------
@@ -231,17 +314,16 @@ def claim(
         Whether the numbers just computed support it.
     evidence : str
         The numbers behind the verdict, shown to the reader.
-    kind : {"finding", "check"}
-        ``"check"`` for an exact statement, ``"finding"`` for a random experiment (see
-        the module docstring for the margin rule; :func:`finding` applies it).
+    kind : {"check"}
+        Only checks are claimed with a bare condition: an identity, a theorem's
+        inequality at every point, a closed form, a fact of the construction. A
+        statement about a random experiment is a *finding*: use :func:`finding` with
+        its per-seed samples, which applies the margin rule.
     key : str, optional
-        A stable identifier ``"chN.name"`` (lower case, digits, underscores; further
-        ``.part``\\ s allowed), unique in the book.
+        A headline key ``"chN.name"`` defined in the claims registry
+        (``book/claims.yml``) as a check.
     value : float or dict of str to float, optional
         The measured number(s) behind the verdict, listed in the claims index.
-
-    The verdict is displayed at once (a green line in a notebook, a plain line in a
-    terminal), so a cell may check several claims, in a loop if need be.
 
     Raises
     ------
@@ -249,18 +331,56 @@ def claim(
         When ``condition`` is false; the message carries the statement and evidence.
         (With ``FMLAB_CLAIMS_COLLECT=1`` the failure is shown and recorded instead.)
     """
+    if kind == "finding":
+        raise TypeError(
+            "kind='finding' needs samples: a statement about a random experiment is "
+            "claimed with fmlab.finding(statement, samples, ...), which applies the "
+            "margin rule; claim() takes only checks"
+        )
+    if kind not in _KINDS:
+        raise ValueError(f"kind must be 'check', got {kind!r}")
+    if key is not None:
+        entry = _entry(key, "check")
+        if entry["status"] != "claimed":
+            raise ValueError(f"claims registry: the check {key} must be claimed")
+    _record(statement, _as_bool("condition", condition), evidence, "check", key, value)
+
+
+def _entry(key, kind: str) -> dict:
+    if not isinstance(key, str) or not _KEY.match(key):
+        raise ValueError(
+            f"key must look like 'ch6.icl_gain_k3' (lower case), got {key!r}"
+        )
+    keys = registry()
+    if key not in keys:
+        raise KeyError(
+            f"key {key!r} is not in the claims registry ({registry_path()}): a "
+            "headline key is defined there first (quantity, null, direction, source)"
+        )
+    entry = keys[key]
+    if entry["kind"] != kind:
+        raise ValueError(
+            f"key {key!r} is registered as a {entry['kind']}, not as a {kind}"
+        )
+    return entry
+
+
+def _record(
+    statement: str,
+    ok: bool,
+    evidence: str,
+    kind: str,
+    key: str | None,
+    value,
+    *,
+    claimed: bool = True,
+    strength: float | None = None,
+) -> None:
     if not isinstance(statement, str) or not statement.strip():
         raise TypeError("statement must be a non-empty string")
     if not isinstance(evidence, str):
         raise TypeError(f"evidence must be a string, got {type(evidence).__name__}")
-    if kind not in _KINDS:
-        raise ValueError(f"kind must be one of {_KINDS}, got {kind!r}")
-    if key is not None and (not isinstance(key, str) or not _KEY.match(key)):
-        raise ValueError(
-            f"key must look like 'ch6.icl_gain_k3' (lower case), got {key!r}"
-        )
     value = _check_value(value)
-    ok = _as_bool("condition", condition)
     _COUNTER[0] += 1
     record = ClaimRecord(
         statement=statement,
@@ -270,12 +390,14 @@ def claim(
         key=key,
         value=value,
         anchor=_anchor(key, _COUNTER[0]),
+        claimed=claimed,
+        strength=strength,
     )
     log = os.environ.get("FMLAB_CLAIMS_LOG")
     if log:
         with open(log, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(record.as_dict(), ensure_ascii=False) + "\n")
-    if not ok and not _flag("FMLAB_CLAIMS_COLLECT"):
+    if claimed and not ok and not _flag("FMLAB_CLAIMS_COLLECT"):
         raise ClaimFailed(f"claim failed: {statement} (evidence: {evidence})")
     _RECORDS[:] = [
         r
@@ -338,6 +460,22 @@ class SeedEffect:
         every = all(sign * (v - null) > 0 for v in self.samples)
         return bool(beyond and (every or not every_seed))
 
+    def strength(self, *, null: float = 0.0, direction: str = ">") -> float:
+        """How far the mean clears ``null``, in units of the rule's 3 s.e.: above 1
+        the mean part of the rule holds; 1.5 leaves room for new seeds."""
+        sign = 1.0 if direction == ">" else -1.0
+        if self.se == 0:
+            return math.inf if sign * (self.mean - null) > 0 else -math.inf
+        return sign * (self.mean - null) / (3 * self.se)
+
+    def within(self, margin: float, *, every_seed: bool = True) -> bool:
+        """Two-sided equivalence, |effect| < ``margin``: two one-sided tests, each by
+        the margin rule (mean − 3 s.e. > −margin and mean + 3 s.e. < margin), and
+        every seed inside (−margin, margin)."""
+        return self.holds(null=-margin, direction=">", every_seed=every_seed) and (
+            self.holds(null=margin, direction="<", every_seed=every_seed)
+        )
+
     def describe(self, fmt: str = "{:+.3f}", unit: str = "") -> str:
         f = lambda v: fmt.format(v) + unit  # noqa: E731
         per_seed = ", ".join(fmt.format(v) for v in self.samples)
@@ -352,32 +490,40 @@ def finding(
     samples,
     *,
     key: str | None = None,
-    null: float = 0.0,
-    direction: str = ">",
+    null: float | None = None,
+    direction: str | None = None,
+    margin: float | None = None,
     every_seed: bool = True,
     fmt: str = "{:+.3f}",
     unit: str = "",
     context: str = "",
 ) -> SeedEffect:
-    """Claim that a per-seed effect is beyond ``null``, by the book's margin rule.
+    """Claim that a per-seed effect is beyond ``null`` (or within ``±margin``), by the
+    book's margin rule.
 
     Parameters
     ----------
     statement : str
         The finding in words.
     samples : sequence of float
-        One effect per seed (e.g. a paired difference of two methods' accuracies).
+        One effect per seed (e.g. a paired difference of two methods' accuracies). At
+        least three, and not all equal: samples with no spread come from an exact
+        statement or a fact of the construction, which is a check (:func:`claim`).
     key : str, optional
-        Stable key for the claims index; the claim's value is the mean effect.
-    null : float
-        The value the effect must clear: 0 for "A beats B"; ``-margin`` for a
-        non-inferiority claim ("A is at most ``margin`` worse than B").
-    direction : {">", "<"}
-        The claimed side of ``null``.
+        A headline key defined in the claims registry (``book/claims.yml``). The
+        registry gives the null and direction (or margin), and whether the key is
+        *claimed* (a failed verdict stops the build) or only *measured* (shown, never
+        failing: a phenomenon not reproduced yet). The stored value is the mean of the
+        samples, the quantity the verdict tests.
+    null, direction
+        Without a key: the value the effect must clear (default 0) and the claimed side
+        (``">"``, the default, or ``"<"``). With a key they may be omitted; if given,
+        they must agree with the registry.
+    margin : float, optional
+        Two-sided equivalence instead: the effect lies within ``±margin`` (two one-sided
+        tests, each by the rule).
     every_seed : bool
-        Also require every seed on the claimed side (the book's rule; turn off only for
-        a
-        non-inferiority claim, and say so in the text).
+        Also require every seed on the claimed side (the book's rule).
     fmt, unit : str
         How numbers are printed in the evidence.
     context : str
@@ -389,19 +535,78 @@ def finding(
         The summary, so that the prose can quote its numbers.
     """
     effect = SeedEffect.of(samples)
-    null = _as_number("null", null)
-    ok = effect.holds(null=null, direction=direction, every_seed=every_seed)
-    rule = (
-        f"rule: mean {direction} {null:g} + 3 s.e."
-        if direction == ">"
-        else (f"rule: mean < {null:g} − 3 s.e.")
-    )
-    if every_seed:
-        rule += ", every seed " + direction + f" {null:g}"
+    if effect.sd == 0:
+        raise ValueError(
+            f"the samples of {statement!r} have zero spread ({effect.samples[0]:g} at "
+            "every seed): an exact statement or a fact of the construction is a check; "
+            "claim it with fmlab.claim(..., kind='check')"
+        )
+    claimed = True
+    if key is not None:
+        entry = _entry(key, "finding")
+        given = {"null": null, "direction": direction, "margin": margin}
+        for name, value in given.items():
+            registered = entry.get("null_value" if name == "null" else name)
+            same = (
+                registered is not None
+                and value == registered
+                or (
+                    isinstance(value, numbers.Real)
+                    and registered is not None
+                    and not isinstance(registered, str)
+                    and math.isclose(float(value), float(registered), abs_tol=1e-12)
+                )
+            )
+            if value is not None and not same:
+                raise ValueError(
+                    f"{key}: {name}={value!r} differs from the claims registry "
+                    f"({registered!r}); a key's meaning changes only in book/claims.yml"
+                )
+        null, direction, margin = (
+            entry.get(n) for n in ("null_value", "direction", "margin")
+        )
+        claimed = entry["status"] == "claimed"
+    if margin is not None:
+        margin = _as_number("margin", margin)
+        if margin <= 0:
+            raise ValueError(f"margin must be positive, got {margin}")
+        ok = effect.within(margin, every_seed=every_seed)
+        strength = min(
+            effect.strength(null=-margin, direction=">"),
+            effect.strength(null=margin, direction="<"),
+        )
+        m = fmt.format(margin).lstrip("+")
+        rule = f"rule: mean − 3 s.e. > −{m} and mean + 3 s.e. < {m}"
+        if every_seed:
+            rule += f", every seed inside ±{m}"
+    else:
+        null = 0.0 if null is None else _as_number("null", null)
+        direction = ">" if direction is None else direction
+        if direction not in (">", "<"):
+            raise ValueError(f"direction must be '>' or '<', got {direction!r}")
+        ok = effect.holds(null=null, direction=direction, every_seed=every_seed)
+        strength = effect.strength(null=null, direction=direction)
+        rule = (
+            f"rule: mean > {null:g} + 3 s.e."
+            if direction == ">"
+            else f"rule: mean < {null:g} − 3 s.e."
+        )
+        if every_seed:
+            rule += ", every seed " + direction + f" {null:g}"
+    rule += f" (mean clears it by {strength:.2f}× the 3 s.e.)"
     evidence = (
         (context + "; " if context else "") + effect.describe(fmt, unit) + f"; {rule}"
     )
-    claim(statement, ok, evidence, kind="finding", key=key, value=effect.mean)
+    _record(
+        statement,
+        ok,
+        evidence,
+        "finding",
+        key,
+        effect.mean,
+        claimed=claimed,
+        strength=float(strength) if math.isfinite(strength) else None,
+    )
     return effect
 
 

@@ -73,6 +73,33 @@ def test_cache_key_depends_on_offset(tmp_path, monkeypatch):
 
 
 # -- claims ------------------------------------------------------------------------
+REGISTRY = """
+keys:
+  ch9.identity: {chapter: 9, kind: check, status: claimed, quantity: q, source: s,
+                 phenomenon: p}
+  ch9.amp: {chapter: 9, kind: check, status: claimed, quantity: q, source: s,
+            phenomenon: p}
+  ch9.false: {chapter: 9, kind: check, status: claimed, quantity: q, source: s,
+              phenomenon: p}
+  ch9.a_beats_b: {chapter: 9, kind: finding, status: claimed, quantity: q,
+                  source: s, phenomenon: p, null_value: 0.0, direction: ">"}
+  ch9.not_yet: {chapter: 9, kind: finding, status: measured, quantity: q,
+                source: s, phenomenon: p, null_value: 0.0, direction: ">"}
+  ch9.same: {chapter: 9, kind: finding, status: claimed, quantity: q,
+             source: s, phenomenon: p, margin: 0.5}
+phenomena:
+  p: {chapter: 9, title: t, paper: none}
+"""
+
+
+@pytest.fixture(autouse=True)
+def test_registry(tmp_path, monkeypatch):
+    path = tmp_path / "claims.yml"
+    path.write_text(REGISTRY)
+    monkeypatch.setenv("FMLAB_CLAIMS_REGISTRY", str(path))
+    return path
+
+
 def test_claim_records_kind_key_value(capsys):
     reset_claims()
     claim("an identity", True, "0 = 0", kind="check", key="ch9.identity", value=0)
@@ -85,9 +112,7 @@ def test_claim_records_kind_key_value(capsys):
         0.0,
         "claim-ch9-identity",
     )
-    claim(
-        "dict value", True, kind="finding", value={"k4": 1.5, "k16": torch.tensor(2.0)}
-    )
+    claim("dict value", True, kind="check", value={"k4": 1.5, "k16": torch.tensor(2.0)})
     assert claims_table().records[-1].value == {"k4": 1.5, "k16": 2.0}
 
 
@@ -104,6 +129,9 @@ def test_claim_html_carries_the_record():
     "kwargs, err, match",
     [
         ({"kind": "theorem"}, ValueError, "kind"),
+        ({"kind": "finding"}, TypeError, "samples"),
+        ({"key": "ch9.unregistered"}, KeyError, "registry"),
+        ({"key": "ch9.a_beats_b"}, ValueError, "registered as a finding"),
         ({"key": "Ch6.X"}, ValueError, "key"),
         ({"key": "icl_gain"}, ValueError, "key"),
         ({"value": "big"}, TypeError, "value"),
@@ -123,7 +151,7 @@ def test_collect_mode_and_log(monkeypatch, tmp_path, capsys):
         claim("false", False, "e")
     monkeypatch.setenv("FMLAB_CLAIMS_COLLECT", "1")
     claim("false again", False, "e", key="ch9.false")
-    assert "✘ FAILED finding [ch9.false]: false again" in capsys.readouterr().out
+    assert "✘ FAILED check [ch9.false]: false again" in capsys.readouterr().out
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     assert [(r["statement"], r["verified"]) for r in rows] == [
         ("false", False),
@@ -162,3 +190,32 @@ def test_finding_claims_by_the_rule():
     assert "3 seeds" in rec.evidence and "s.e." in rec.evidence
     with pytest.raises(ClaimFailed):
         finding("B beats A", [0.3, 0.5, 0.4], direction="<")
+
+
+def test_finding_takes_its_meaning_from_the_registry(capsys):
+    reset_claims()
+    with pytest.raises(ValueError, match="differs from the claims registry"):
+        finding("A beats B", [0.3, 0.5, 0.4], key="ch9.a_beats_b", null=-0.5)
+    # a measured key is shown, never fails, and is marked as not claimed
+    finding("not reproduced yet", [-0.3, 0.1, -0.2], key="ch9.not_yet")
+    rec = claims_table().records[-1]
+    assert not rec.claimed and not rec.verified and math.isclose(rec.value, -0.4 / 3)
+    assert "measured, not claimed (does not hold)" in capsys.readouterr().out
+    # equivalence: two one-sided tests within the registered margin
+    finding("A and B agree", [0.05, -0.02, 0.01, 0.0], key="ch9.same")
+    assert claims_table().records[-1].strength > 1
+    with pytest.raises(ClaimFailed):
+        finding("A and B agree", [0.45, 0.3, 0.6, 0.2], key="ch9.same")
+
+
+def test_findings_need_spread_and_samples():
+    with pytest.raises(ValueError, match="zero spread.*check"):
+        finding("a construction", [1.0, 1.0, 1.0])
+    with pytest.raises(TypeError, match="samples"):
+        claim("a bare boolean finding", True, kind="finding")
+
+
+def test_strength_is_the_mean_over_three_standard_errors():
+    e = SeedEffect.of([1.0, 2.0, 3.0])
+    assert math.isclose(e.strength(), 2.0 / (3 * e.se))
+    assert math.isclose(e.strength(null=3.0, direction="<"), 1.0 / (3 * e.se))

@@ -85,7 +85,7 @@ def test_claim_verifies_and_raises(capsys):
     reset_claims()
     assert claim("two is bigger than one", 2 > 1, "2 > 1") is None
     shown = capsys.readouterr().out
-    assert "✔ verified finding: two is bigger than one (2 > 1)" in shown
+    assert "✔ verified check: two is bigger than one (2 > 1)" in shown
     with pytest.raises(ClaimFailed, match="one is bigger than two"):
         claim("one is bigger than two", 1 > 2, "1 < 2")
     assert len(claims_table().records) == 1
