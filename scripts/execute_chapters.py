@@ -107,7 +107,8 @@ def _fingerprint(path: Path) -> str:
     from fmlab.repro import code_fingerprint
 
     number = path.name[:2]
-    return code_fingerprint(f"ch{int(number)}" if number.isdigit() else None)
+    chapter = f"ch{int(number)}" if number.isdigit() else None
+    return code_fingerprint(chapter, outputs=True)
 
 
 # cold execution times (s) of the chapters, by number, measured in a parallel build

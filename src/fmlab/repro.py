@@ -187,14 +187,24 @@ def get_device() -> torch.device:
 _PACKAGE_ROOT = Path(__file__).resolve().parent
 
 
-def code_fingerprint(chapter: str | None = None, *, root: Path | None = None) -> str:
+# Modules that judge or draw results but never compute them: a cached result does not
+# depend on them (the outputs of a chapter page do).
+_PRESENTATION = ("claims.py", "viz.py")
+
+
+def code_fingerprint(
+    chapter: str | None = None, *, outputs: bool = False, root: Path | None = None
+) -> str:
     """A hash of the fmlab source that a chapter's results depend on.
 
     With ``chapter`` (e.g. ``"ch4"``): every module outside ``fmlab/chapters`` plus that
-    chapter's modules other than its figure module (``chN_figures.py`` draws and
-    decides nothing), so an edit to another chapter leaves the fingerprint unchanged.
-    With ``chapter=None``: the whole package. The bytes of each file are hashed with its
-    path, so a comment edit changes the fingerprint too (a safe, simple rule).
+    chapter's modules, so an edit to another chapter leaves the fingerprint unchanged.
+    With ``chapter=None``: the whole package. By default (the key of
+    :func:`fmlab.cached`) the modules that only judge or draw results are left out
+    (``claims.py``, ``viz.py`` and the chapters' ``chN_figures.py``); with
+    ``outputs=True`` (the key of a chapter page's executed outputs) they count too. The
+    bytes of each file are hashed with its path, so a comment edit changes the
+    fingerprint too (a safe, simple rule).
     """
     root = _PACKAGE_ROOT if root is None else Path(root)
     if chapter is not None and (
@@ -204,9 +214,12 @@ def code_fingerprint(chapter: str | None = None, *, root: Path | None = None) ->
     h = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root).as_posix()
+        drawing = rel in _PRESENTATION or rel.endswith("_figures.py")
+        if drawing and not outputs:
+            continue
         if chapter is not None and rel.startswith("chapters/ch"):
             name = rel.split("/", 1)[1]
-            if name.split("_", 1)[0] != chapter or name.endswith("_figures.py"):
+            if name.split("_", 1)[0] != chapter:
                 continue
         h.update(rel.encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()[:16]

@@ -255,8 +255,9 @@ def cached(config, build: Callable[[], object], *, name: str):
     The key hashes ``config``, the seed offset (:func:`fmlab.repro.seed_offset`), so
     that runs at different offsets never share an entry, and the code that computes
     the entry (:func:`fmlab.repro.code_fingerprint`: the core, theory, data, models and
-    adapt layers plus the modules of the chapter that defines ``build``; the whole
-    package when ``build`` is defined elsewhere). Editing the library therefore never
+    adapt layers plus the modules of the chapter that defines ``build``, leaving out
+    the modules that only judge or draw; the whole package when ``build`` is defined
+    elsewhere). Editing the library therefore never
     serves a stale entry, and no cache name needs a hand-written version.
     """
     if not isinstance(name, str) or not name.isidentifier():

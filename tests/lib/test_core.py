@@ -253,7 +253,7 @@ def test_cached_returns_result_dataclasses(tmp_path, monkeypatch):
 def test_code_fingerprint_follows_the_code(tmp_path):
     """Editing a copy of the package changes the fingerprint of the chapters it feeds:
     a core edit changes every chapter's, a chapter edit only that chapter's, and a
-    figure module changes none."""
+    figure module or the claims module changes the pages' outputs, not the results."""
     pkg = tmp_path / "fmlab"
     shutil.copytree(
         Path(fmlab.__file__).parent, pkg, ignore=shutil.ignore_patterns("__pycache__")
@@ -265,8 +265,11 @@ def test_code_fingerprint_follows_the_code(tmp_path):
     after = {c: code_fingerprint(c, root=pkg) for c in before}
     assert after["ch4"] != before["ch4"] and after[None] != before[None]
     assert after["ch1"] == before["ch1"]
+    drawn = code_fingerprint("ch4", outputs=True, root=pkg)
     (pkg / "chapters" / "ch4_figures.py").write_text("# drawing only\n")
-    assert code_fingerprint("ch4", root=pkg) == after["ch4"]
+    (pkg / "claims.py").write_text((pkg / "claims.py").read_text() + "\n# judging\n")
+    assert code_fingerprint("ch4", root=pkg) == after["ch4"]  # results: unchanged
+    assert code_fingerprint("ch4", outputs=True, root=pkg) != drawn  # the page: not
     (pkg / "train.py").write_text((pkg / "train.py").read_text() + "\n# core edit\n")
     assert code_fingerprint("ch1", root=pkg) != before["ch1"]
     with pytest.raises(ValueError, match="chapter"):
