@@ -9,6 +9,11 @@ import torch.nn.functional as F
 from scipy.optimize import minimize
 from torch import nn
 
+from fmlab.chapters.ch3_figures import (
+    plot_feature_change,
+    plot_learning_rate,
+    plot_lpft_accuracies,
+)
 from fmlab.chapters.ch3_lpft import (
     METHODS,
     LPFTConfig,
@@ -21,9 +26,6 @@ from fmlab.chapters.ch3_lpft import (
     layer_feature_change,
     linear_head,
     matched_loss_change_ratio,
-    plot_feature_change,
-    plot_learning_rate,
-    plot_lpft_accuracies,
     pretrain_encoder,
     random_head,
     run_lpft_experiment,
