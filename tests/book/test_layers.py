@@ -98,3 +98,28 @@ def test_the_checker_sees_a_violation(tmp_path):
 @pytest.mark.parametrize("name", ["core", "theory", "data", "models", "adapt"])
 def test_each_layer_exists(name):
     assert name == "core" or (PACKAGE / name / "__init__.py").exists()
+
+
+def test_each_public_name_is_defined_once():
+    """No two modules define the same public function or class (no homonyms), and no
+    notebook defines a class that shadows one of the package's."""
+    import json
+
+    where: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                if not node.name.startswith("_"):
+                    where.setdefault(node.name, []).append(
+                        str(path.relative_to(PACKAGE))
+                    )
+    twice = {name: files for name, files in where.items() if len(files) > 1}
+    assert twice == {}
+    notebooks = PACKAGE.parents[1] / "notebooks"
+    for nb in sorted(notebooks.glob("*.ipynb")):
+        for cell in json.loads(nb.read_text())["cells"]:
+            if cell["cell_type"] != "code":
+                continue
+            for node in ast.walk(ast.parse("".join(cell["source"]).replace("%", "#"))):
+                if isinstance(node, ast.ClassDef):
+                    assert node.name not in where, f"{nb.name} shadows {node.name}"

@@ -42,7 +42,7 @@ TINY_TRAINED = ch2.TrainedEncodersConfig(
     steps=6,
     checkpoints=(0, 3, 6),
 )
-TINY_SAME = ch2.SameLossConfig(
+TINY_SAME = ch2.SameLossEncodersConfig(
     world=ch2.ManifoldConfig(points_per_class=6, arcs=3, jitter_std=0.0),
     seeds=(0, 1),
     steps=5,
@@ -219,6 +219,6 @@ def test_configs_validate_their_arguments():
     with pytest.raises(ValueError, match="checkpoints"):
         ch2.LatentClassesConfig(steps=10, checkpoints=(0, 20))
     with pytest.raises(ValueError, match="k"):
-        ch2.SameLossConfig(k=2)
+        ch2.SameLossEncodersConfig(k=2)
     with pytest.raises(TypeError, match="cfg"):
         ch2.same_loss(TINY_TRAINED)

@@ -89,7 +89,7 @@ __all__ = [
     "TrainedEncodersResult",
     "trained_encoders",
     "TRAINED",
-    "SameLossConfig",
+    "SameLossEncodersConfig",
     "Evaluation",
     "SameLossResult",
     "same_loss",
@@ -806,7 +806,7 @@ TRAINED = ("MLP", "lookup table", "MLP, scrambled fit")
 
 
 @dataclass(frozen=True)
-class SameLossConfig:
+class SameLossEncodersConfig:
     """Part III: representations of the arcs test bed, pretrained or fitted."""
 
     world: ManifoldConfig = field(
@@ -898,11 +898,13 @@ class SameLossResult:
         )
 
 
-def same_loss(cfg: SameLossConfig) -> SameLossResult:
+def same_loss(cfg: SameLossEncodersConfig) -> SameLossResult:
     """Train (cached) every representation of Part III and evaluate it and its image
     under the automorphism :math:`\\pi` exactly."""
-    if not isinstance(cfg, SameLossConfig):
-        raise TypeError(f"cfg must be a SameLossConfig, got {type(cfg).__name__}")
+    if not isinstance(cfg, SameLossEncodersConfig):
+        raise TypeError(
+            f"cfg must be a SameLossEncodersConfig, got {type(cfg).__name__}"
+        )
 
     def build():
         arcs = MixtureOfManifolds(cfg.world)
