@@ -19,7 +19,6 @@ from fmlab.chapters.ch1_modular import (
     draw_task_sample,
     interface_bound_at,
     interface_bounds,
-    plot_loss_map,
     probe_features,
     representation_excess_losses,
     task_moments,
@@ -421,19 +420,3 @@ def test_representation_excess_losses():
         representation_excess_losses(world, {}, (0,), n=10, seed=0)
     with pytest.raises(ValueError, match="task_seeds"):
         representation_excess_losses(world, {"raw": lambda x: x}, (), n=10, seed=0)
-
-
-def test_plot_loss_map_draws_four_boxes_and_four_arrows():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
-
-    ax = plot_loss_map()
-    assert sum(isinstance(p, FancyBboxPatch) for p in ax.patches) == 4
-    assert sum(isinstance(p, FancyArrowPatch) for p in ax.patches) == 4
-    texts = " ".join(t.get_text() for t in ax.texts)
-    for chapter in range(1, 7):
-        assert f"Ch. {chapter}" in texts
-    plt.close(ax.figure)

@@ -21,7 +21,7 @@ from typing import Callable, Mapping
 import torch
 
 from .._validate import check_float, check_int, check_tensor
-from ..adapt import fine_tune_linear_head_adam
+from ..adapt import fine_tune_linear_head_adam, linear_probe
 from ..data.latent import TwoViewConfig, TwoViewLatentModel
 from ..models.mlp import MaskedViewPredictor
 from ..repro import make_generator, seed_everything
@@ -58,7 +58,19 @@ __all__ = [
     "interface_bounds",
     "interface_bound_at",
     "interface_curves",
-    "plot_loss_map",
+    "Chapter1Config",
+    "pretrain_configs",
+    "pretrained_models",
+    "Pretraining",
+    "pretraining",
+    "Representations",
+    "representations",
+    "DecompositionSweep",
+    "decomposition",
+    "FineTuning",
+    "fine_tuning",
+    "Interface",
+    "interface",
 ]
 
 
@@ -512,109 +524,294 @@ def interface_curves(
     }
 
 
-def plot_loss_map(ax=None):
-    """Chapter 1's map of the four losses of the modular analysis and who studies what.
+# --------------------------------------------------------------------------------------
+# The chapter's experiment: one config, one runner per section, each returning a result
+# dataclass (cached on disk by config, seed offset and code).
+# --------------------------------------------------------------------------------------
 
-    The book's own drawing of the relations in Fig. 22 of Bommasani et al. (2021,
-    section 4.10): empirical and population pretraining loss, minimal adaptation loss,
-    and the downstream loss of the adapted model, with each arrow labelled by the
-    chapters of this book that study it. Returns the matplotlib axes.
-    """
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
-    from ..viz import PALETTE
+@dataclass(frozen=True)
+class Chapter1Config:
+    """Everything Chapter 1's experiment depends on (the defaults are the chapter's)."""
 
-    if ax is None:
-        _, ax = plt.subplots(figsize=(9.6, 5.4))
-    ax.set(xlim=(0, 10), ylim=(-0.3, 6.3))
-    ax.axis("off")
-    top, bottom, left, right = 5.0, 1.0, 1.6, 8.0
-    boxes = [
-        (
-            left,
-            top,
-            "empirical pretraining loss\n" r"$\widehat L_{pre}(\hat\theta_{FM})$",
-        ),
-        (right, top, "population pretraining loss\n" r"$L_{pre}(\hat\theta_{FM})$"),
-        (
-            right,
-            bottom,
-            "minimal adaptation loss\n" r"$L^\star_{adapt}(\hat\theta_{FM})$",
-        ),
-        (
-            left,
-            bottom,
-            "downstream loss\n" r"$L_{adapt}(\gamma_{task},\hat\theta_{FM})$",
-        ),
+    world: TwoViewConfig = field(
+        default_factory=lambda: TwoViewConfig(
+            n_classes=16, dim_a=4, dim_b=24, noise_a=0.35, noise_b=0.5
+        )
+    )
+    pretrain_seeds: tuple[int, ...] = (0, 1, 2)  # one pretrained model each
+    steps: int = 1500  # Adam steps of pretraining, 256 fresh examples each
+    checkpoints: tuple[int, ...] = (0, 10, 25, 50, 100, 200, 400, 800, 1500)
+    ns: tuple[int, ...] = (8, 16, 32, 64, 128, 256)  # task sample sizes n
+    c0s: tuple[float, ...] = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0)  # constraint radii
+    task_seeds: tuple[int, ...] = tuple(range(100, 120))  # task samples per (model, n)
+    eval_tasks: tuple[int, ...] = tuple(range(10))  # labellings s for population checks
+    n_population: int = 100_000  # fresh draws standing in for the population
+    n_eval: int = 20_000  # fresh draws of x_A where the exact posterior is used
+    fine_tune: ViewFineTuneConfig = field(
+        default_factory=lambda: ViewFineTuneConfig(steps=100, lr=1e-3)
+    )
+    ft_ns: tuple[int, ...] = (16, 64, 256)  # task sizes at which fine-tuning runs
+    ft_samples: int = 3  # task samples (the first task_seeds) fine-tuned per (model, n)
+
+    def __post_init__(self):
+        if not isinstance(self.world, TwoViewConfig):
+            raise TypeError(
+                f"world must be a TwoViewConfig, got {type(self.world).__name__}"
+            )
+        if not isinstance(self.fine_tune, ViewFineTuneConfig):
+            raise TypeError(
+                "fine_tune must be a ViewFineTuneConfig, got "
+                f"{type(self.fine_tune).__name__}"
+            )
+        for name in ("pretrain_seeds", "ns", "c0s", "task_seeds", "eval_tasks"):
+            if not isinstance(getattr(self, name), tuple) or not getattr(self, name):
+                raise ValueError(f"{name} must be a non-empty tuple")
+        if not set(self.pretrain_seeds) <= set(self.eval_tasks):
+            raise ValueError("each pretrain seed must also be an eval task (own task)")
+        if not set(self.ft_ns) <= set(self.ns):
+            raise ValueError(f"ft_ns {self.ft_ns} must be among ns {self.ns}")
+        check_int(
+            "ft_samples", self.ft_samples, minimum=1, maximum=len(self.task_seeds)
+        )
+        check_int("n_population", self.n_population, minimum=2)
+        check_int("n_eval", self.n_eval, minimum=4)
+
+
+def pretrain_configs(cfg: Chapter1Config) -> list[ViewPretrainConfig]:
+    """One :class:`ViewPretrainConfig` per pretrained model of the chapter."""
+    return [
+        ViewPretrainConfig(
+            world=cfg.world, steps=cfg.steps, checkpoints=cfg.checkpoints, seed=s
+        )
+        for s in cfg.pretrain_seeds
     ]
-    colours = [PALETTE["sky"], PALETTE["sky"], PALETTE["orange"], PALETTE["orange"]]
-    w, h = 3.0, 1.0
-    for (x, y, text), colour in zip(boxes, colours):
-        ax.add_patch(
-            FancyBboxPatch(
-                (x - w / 2, y - h / 2),
-                w,
-                h,
-                boxstyle="round,pad=0.08",
-                fc=colour,
-                ec="black",
-                alpha=0.35,
-                lw=1.2,
-            )
+
+
+def pretrained_models(
+    cfg: Chapter1Config, step: int | None = None
+) -> list[MaskedViewPredictor]:
+    """The chapter's models at checkpoint ``step`` (default: the end of pretraining)."""
+    return [
+        load_checkpoint(
+            pc,
+            pretrain_masked_view(pc)["checkpoints"][pc.steps if step is None else step],
         )
-        ax.text(x, y, text, ha="center", va="center", fontsize=10)
+        for pc in pretrain_configs(cfg)
+    ]
 
-    def arrow(a, b, colour="black", ls="-", lw=1.6):
-        ax.add_patch(
-            FancyArrowPatch(
-                a, b, arrowstyle="-|>", mutation_scale=16, color=colour, lw=lw, ls=ls
-            )
+
+@dataclass(frozen=True)
+class Pretraining:
+    """Pretraining by masked-view prediction, one row per model."""
+
+    losses: torch.Tensor  # (model, step): mini-batch training loss
+    population_loss: tuple[
+        float, ...
+    ]  # L_pre of the final model, on n_population draws
+    bayes_loss: float  # the Bayes pretraining loss L_pre^Bayes
+
+
+def pretraining(cfg: Chapter1Config) -> Pretraining:
+    """Pretrain the chapter's models (cached) and measure their population loss."""
+
+    def build():
+        world = TwoViewLatentModel(cfg.world)
+        runs = [pretrain_masked_view(pc) for pc in pretrain_configs(cfg)]
+        return Pretraining(
+            losses=torch.stack([run["losses"] for run in runs]),
+            population_loss=tuple(
+                masked_view_loss(m, world, cfg.n_population, seed=7)
+                for m in pretrained_models(cfg)
+            ),
+            bayes_loss=world.optimal_pretraining_loss(),
         )
 
-    def label(x, y, text, colour="black", ha="center"):
-        ax.text(x, y, text, ha=ha, va="center", fontsize=8.5, color=colour)
+    return cached(cfg, build, name="ch01_pretraining")
 
-    arrow((left + w / 2 + 0.1, top), (right - w / 2 - 0.1, top))
-    label(
-        (left + right) / 2,
-        top + 0.75,
-        "generalization of pretraining (standard theory)\n"
-        "Ch. 5: which minimiser the optimizer picks",
-    )
-    arrow(
-        (right, top - h / 2 - 0.1),
-        (right, bottom + h / 2 + 0.1),
-        PALETTE["red"],
-        lw=2.8,
-    )
-    label(
-        right - 0.2,
-        (top + bottom) / 2,
-        "the interface: a small $L_{pre}$ ⇒ a small $L^\\star_{adapt}$?\n"
-        "Ch. 1: a bound in a latent-class world\n"
-        "Ch. 2: contrastive theorems, where they break\n"
-        "Ch. 5: same $L_{pre}$, different downstream",
-        PALETTE["red"],
-        ha="right",
-    )
-    arrow((right - w / 2 - 0.1, bottom), (left + w / 2 + 0.1, bottom))
-    label(
-        (left + right) / 2,
-        bottom - 0.95,
-        "+ generalization error of the adaptation\n"
-        "Ch. 1: the decomposition (6)\n"
-        "Ch. 3: linear probing vs fine-tuning\n"
-        "Ch. 4: a kernel view of fine-tuning",
-    )
-    arrow(
-        (left, top - h / 2 - 0.1), (left, bottom + h / 2 + 0.1), PALETTE["purple"], "--"
-    )
-    label(
-        left + 0.15,
-        (top + bottom) / 2,
-        "in-context learning (Ch. 6):\nno adapted parameters,\noutside the framework",
-        PALETTE["purple"],
-        ha="left",
-    )
-    return ax
+
+@dataclass(frozen=True)
+class Representations:
+    r"""Excess minimal adaptation loss :math:`L^\star_{adapt}(c_0=\infty) - L^{Bayes}`
+    of three representations, per model and task (see
+    :func:`representation_excess_losses`)."""
+
+    names: tuple[str, ...]  # raw input, network at initialization, pretrained network
+    excess: torch.Tensor  # (model, representation, task)
+    bayes_task_loss: torch.Tensor  # (task,): L_task^Bayes of each labelling
+
+
+def representations(cfg: Chapter1Config) -> Representations:
+    """Compare the raw input, the untrained and the pretrained network as features."""
+
+    def build():
+        world = TwoViewLatentModel(cfg.world)
+        names = ("raw input x_A", "network at initialization", "pretrained network")
+        inits, models = pretrained_models(cfg, step=0), pretrained_models(cfg)
+        excess = [
+            representation_excess_losses(
+                world,
+                dict(zip(names, (lambda xa: xa, init.features, model.features))),
+                cfg.eval_tasks,
+                n=cfg.n_eval,
+                seed=8,
+            )
+            for init, model in zip(inits, models)
+        ]
+        bayes_task = torch.tensor(
+            [
+                world.bayes_task_loss(world.task_signs(t), n=cfg.n_eval, seed=8)
+                for t in cfg.eval_tasks
+            ]
+        )
+        table = torch.stack([torch.stack([e[k] for k in names]) for e in excess])
+        return Representations(names, table, bayes_task)
+
+    return cached(cfg, build, name="ch01_representations")
+
+
+def _populations(cfg: Chapter1Config, world, models) -> list[Moments]:
+    """Each model's population moments on its own task (labelling seed = model seed)."""
+    return [
+        task_moments(m, world, world.task_signs(s), cfg.n_population, seed=8)
+        for s, m in zip(cfg.pretrain_seeds, models)
+    ]
+
+
+@dataclass(frozen=True)
+class DecompositionSweep:
+    """The terms of eq. (6) for every model (on its own task), n, c0 and task sample.
+
+    Each tensor has shape ``(model, len(ns), len(c0s), len(task_seeds))``.
+    """
+
+    ns: tuple[int, ...]
+    c0s: tuple[float, ...]
+    adapted_loss: torch.Tensor  # L(gamma_task)
+    minimal_loss: torch.Tensor  # L*_adapt = L(gamma*_task)
+    generalization_error: torch.Tensor  # both brackets of eq. (6)
+    erm_slack: torch.Tensor  # Lhat(gamma*) - Lhat(gamma_task) >= 0
+
+
+def decomposition(cfg: Chapter1Config) -> DecompositionSweep:
+    """:func:`decomposition_grid` for each pretrained model, stacked."""
+
+    def build():
+        world = TwoViewLatentModel(cfg.world)
+        models = pretrained_models(cfg)
+        grids = [
+            decomposition_grid(
+                m, world, world.task_signs(s), pop, cfg.ns, cfg.c0s, cfg.task_seeds
+            )
+            for s, m, pop in zip(
+                cfg.pretrain_seeds, models, _populations(cfg, world, models)
+            )
+        ]
+        return DecompositionSweep(
+            ns=cfg.ns,
+            c0s=cfg.c0s,
+            adapted_loss=torch.stack([g.adapted_loss for g in grids]),
+            minimal_loss=torch.stack([g.minimal_loss for g in grids]),
+            generalization_error=torch.stack([g.generalization_error for g in grids]),
+            erm_slack=torch.stack([g.erm_slack for g in grids]),
+        )
+
+    return cached(cfg, build, name="ch01_decomposition")
+
+
+@dataclass(frozen=True)
+class FineTuning:
+    """Population losses of fine-tuning and of two probes on the same task samples.
+
+    Each tensor has shape ``(model, len(ns), samples)``.
+    """
+
+    ns: tuple[int, ...]
+    fine_tuned: torch.Tensor  # fine-tuning every weight and a fresh head
+    free_probe: torch.Tensor  # the unconstrained probe, c0 = inf
+    best_probe: torch.Tensor  # the probe at the grid's best radius for this n
+    best_c0: tuple[float, ...]  # that radius, chosen on the mean over models (oracle)
+
+
+def fine_tuning(cfg: Chapter1Config) -> FineTuning:
+    """Fine-tune each model on the first ``ft_samples`` task samples at each ``ft_ns``.
+
+    The best-radius probe is an oracle choice that flatters the probe: the radius with
+    the smallest mean population loss over models and samples in :func:`decomposition`.
+    """
+
+    def build():
+        world = TwoViewLatentModel(cfg.world)
+        models = pretrained_models(cfg)
+        populations = _populations(cfg, world, models)
+        seeds = cfg.task_seeds[: cfg.ft_samples]
+        ft = torch.zeros(len(models), len(cfg.ft_ns), len(seeds))
+        free = torch.zeros(len(models), len(cfg.ft_ns), len(seeds))
+        for a, (s, model, pop) in enumerate(
+            zip(cfg.pretrain_seeds, models, populations)
+        ):
+            signs = world.task_signs(s)
+            for b, n in enumerate(cfg.ft_ns):
+                for k, seed in enumerate(seeds):
+                    sample = draw_task_sample(world, signs, n, seed)
+                    ft[a, b, k] = fine_tune_population_loss(
+                        model,
+                        sample,
+                        world,
+                        signs,
+                        cfg.fine_tune,
+                        n_pop=cfg.n_eval,
+                        seed=seed,
+                    )
+                    with torch.no_grad():
+                        head = linear_probe(probe_features(model, sample.xa), sample.y)
+                    free[a, b, k] = quadratic_loss(head, pop)
+        L = decomposition(cfg).adapted_loss
+        best = L.mean(-1).mean(0).argmin(-1)  # (n,): best radius, pooled over models
+        idx = [cfg.ns.index(n) for n in cfg.ft_ns]
+        oracle = torch.stack([L[:, i, int(best[i]), : len(seeds)] for i in idx], 1)
+        best_c0 = tuple(cfg.c0s[int(best[i])] for i in idx)
+        return FineTuning(cfg.ft_ns, ft, free, oracle, best_c0)
+
+    return cached(cfg, build, name="ch01_fine_tuning")
+
+
+@dataclass(frozen=True)
+class Interface:
+    """Both sides of the interface bound at every checkpoint (:func:`interface_curves`),
+    stacked over models: shapes ``(model, checkpoint)`` or ``(model, checkpoint,
+    task)``."""
+
+    steps: torch.Tensor  # (checkpoint,)
+    excess_pretraining_loss: torch.Tensor  # (model, checkpoint): L_pre - L_pre^Bayes
+    excess_minimal_loss: torch.Tensor  # (model, checkpoint, task): left side
+    readout_loss: torch.Tensor  # (model, checkpoint, task): the proof's head
+    bound: torch.Tensor  # (model, checkpoint, task): right side
+    constant: torch.Tensor  # (task,): kappa_s = d_B ||N^+ s||^2
+    class_means: torch.Tensor  # N, (K, d_B): the class means nu_c of x_B
+
+
+def interface(cfg: Chapter1Config) -> Interface:
+    """Evaluate the interface bound along pretraining, on ``n_eval // 2`` draws."""
+
+    def build():
+        world = TwoViewLatentModel(cfg.world)
+        curves = [
+            interface_curves(pc, world, cfg.eval_tasks, n=cfg.n_eval // 2, seed=7)
+            for pc in pretrain_configs(cfg)
+        ]
+
+        def stack(key):
+            return torch.stack([c[key] for c in curves])
+
+        return Interface(
+            steps=curves[0]["steps"],
+            excess_pretraining_loss=stack("excess_pretraining_loss"),
+            excess_minimal_loss=stack("excess_minimal_loss"),
+            readout_loss=stack("readout_loss"),
+            bound=stack("bound"),
+            constant=curves[0]["constant"],
+            class_means=world.means_b,
+        )
+
+    return cached(cfg, build, name="ch01_interface")
