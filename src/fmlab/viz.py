@@ -24,6 +24,7 @@ __all__ = [
     "FIGURE_PX",
     "fig_to_png",
     "fit_to_column",
+    "glue_figure",
     "render_png",
     "slider_figure",
     "table",
@@ -149,16 +150,20 @@ def _figure_png(fig):
     return base64.b64encode(data).decode("ascii"), {"width": width}
 
 
-def fit_to_column(fig, *, bbox: str | None = None) -> None:
+def fit_to_column(fig, *, bbox: str | None = None) -> float:
     """Resize ``fig`` in place so that it is :data:`FIGURE_PX` CSS pixels wide when
     saved with :data:`PX_PER_INCH` (its tight bounding box with ``bbox="tight"``),
-    after raising every text to at least :data:`MIN_FONT_PT`."""
+    after raising every text to at least :data:`MIN_FONT_PT` and letting the figure's
+    own texts (``fig.text``) wrap at its edge. Returns the width it will have, in
+    inches (more than the target only when some text cannot shrink to fit)."""
     from matplotlib.layout_engine import ConstrainedLayoutEngine
     from matplotlib.text import Text
 
     for text in fig.findobj(Text):
         if text.get_fontsize() < MIN_FONT_PT:
             text.set_fontsize(MIN_FONT_PT)
+    for text in fig.texts:
+        text.set_wrap(True)
     for ax in fig.axes:
         for name, axis in (("x", ax.xaxis), ("y", ax.yaxis)):
             labels = axis.get_ticklabels(which="both")
@@ -170,16 +175,19 @@ def fit_to_column(fig, *, bbox: str | None = None) -> None:
     constrained = isinstance(fig.get_layout_engine(), ConstrainedLayoutEngine)
     target = FIGURE_PX / PX_PER_INCH
     w0, h0 = fig.get_size_inches()
-    for step in range(4):
+
+    def measure() -> float:
         if relayout is not None:
             fig.tight_layout(**relayout)
-        if tight:
-            if constrained:
-                fig.canvas.draw()
-            width = fig.get_tightbbox(fig.canvas.get_renderer()).width
-            width += 2 * float(plt.rcParams["savefig.pad_inches"])
-        else:
-            width = fig.get_size_inches()[0]
+        if not tight:
+            return fig.get_size_inches()[0]
+        if constrained:
+            fig.canvas.draw()
+        width = fig.get_tightbbox(fig.canvas.get_renderer()).width
+        return width + 2 * float(plt.rcParams["savefig.pad_inches"])
+
+    width = measure()
+    for step in range(5):
         if abs(width - target) * PX_PER_INCH < 2:
             break
         w, h = fig.get_size_inches()
@@ -190,20 +198,24 @@ def fit_to_column(fig, *, bbox: str | None = None) -> None:
             fig.set_size_inches(new_w, h0 * (new_w / w0) ** 0.5)
         else:
             fig.set_size_inches(new_w, fig.get_size_inches()[1])
+        width = measure()
+    return width
 
 
 def render_png(fig, *, bbox: str | None = None) -> tuple[bytes, int]:
     """``fig`` fitted to the column (:func:`fit_to_column`) as a 2x PNG, and the
-    width in CSS pixels to show it at."""
+    width in CSS pixels to show it at (at most :data:`FIGURE_PX`: a figure whose text
+    would not let it shrink to the column is drawn at a smaller scale instead)."""
     import struct
 
-    fit_to_column(fig, bbox=bbox)
+    width = fit_to_column(fig, bbox=bbox)
+    scale = min(1.0, FIGURE_PX / (width * PX_PER_INCH))
     tight = bbox if bbox is not None else plt.rcParams["savefig.bbox"]
     buf = io.BytesIO()
     fig.savefig(
         buf,
         format="png",
-        dpi=PX_PER_INCH * PIXEL_RATIO,
+        dpi=PX_PER_INCH * PIXEL_RATIO * scale,
         bbox_inches="tight" if tight == "tight" else None,
     )
     data = buf.getvalue()
@@ -217,6 +229,27 @@ def fig_to_png(fig) -> bytes:
     data, _ = render_png(fig)
     plt.close(fig)
     return data
+
+
+def glue_figure(name: str, fig) -> None:
+    """Keep ``fig`` under ``name`` for a numbered, captioned figure in the text, and
+    close it (so that the cell does not also show it).
+
+    In the notebook, the figure's cell ends with ``glue_figure("ch3-fig-ood", fig)``
+    and a markdown cell places it, with its number and caption::
+
+        ```{glue:figure} ch3-fig-ood
+        :name: fig-ch3-ood
+
+        The caption, which the prose cites as {numref}`fig-ch3-ood`.
+        ```
+
+    The figure is fitted to the column like every other (:func:`use_style`).
+    """
+    from myst_nb import glue
+
+    glue(name, fig, display=False)
+    plt.close(fig)
 
 
 def _fmt(value) -> str:
@@ -293,12 +326,11 @@ def slider_figure(
                 f"{len(values[name])} values"
             )
 
-    images, width = {}, 0
+    images, widths = {}, {}
     for combo in itertools.product(*(range(len(values[n])) for n in names)):
         fig = render(**{n: values[n][i] for n, i in zip(names, combo)})
-        images[combo], shown = render_png(fig)
+        images[combo], widths[combo] = render_png(fig)
         plt.close(fig)
-        width = max(width, shown)
 
     sliders = {
         n: w.IntSlider(
@@ -309,7 +341,11 @@ def slider_figure(
             continuous_update=True,
             description=labels.get(n, n),
             style={"description_width": "initial"},
-            layout=w.Layout(width="320px", max_width="70%"),
+            # room for the label and a track of about 200 px
+            layout=w.Layout(
+                width=f"{min(600, 220 + 8 * len(labels.get(n, n)))}px",
+                max_width="75%",
+            ),
         )
         for n in names
     }
@@ -327,7 +363,7 @@ def slider_figure(
                 w.Image(
                     value=images[prefix + (i,)],
                     format="png",
-                    width=str(width),
+                    width=str(widths[prefix + (i,)]),
                     layout=w.Layout(max_width="100%", height="auto"),
                 )
                 for i in range(len(values[name]))

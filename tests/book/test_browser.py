@@ -288,6 +288,8 @@ def test_page_in_browser(page, server, browser):
                     f"{page}: moving a slider did not change the picture"
                 )
 
+    _check_layout(driver, page)
+
     # no console errors; no failed, erroring or off-site requests
     severe = [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
     assert not severe, f"{page}: console errors: {severe[:5]}"
@@ -307,6 +309,57 @@ def test_page_in_browser(page, server, browser):
             failed.append(f"{params['response']['status']} {params['response']['url']}")
     assert not offsite, f"{page}: requests to other hosts: {sorted(offsite)[:5]}"
     assert not failed, f"{page}: failed requests: {failed[:5]}"
+
+
+# a figure is shown at no less than this fraction of the width it was drawn for
+MIN_FIGURE_SCALE = 0.9
+
+
+def _check_layout(driver, page):
+    """At the desktop width: every figure is shown at >= 90% of the width it was drawn
+    for (its width attribute: the figures are 2x PNGs), no printed output scrolls
+    sideways, no claim line shows a MyST label id, and (once the notebooks are
+    formatted to the column, notebooks/ruff.toml) no code cell scrolls sideways."""
+    driver.execute_script("window.scrollTo(0, 0)")
+    small = driver.execute_script(
+        "return Array.from(document.querySelectorAll('.cell_output img'))"
+        ".filter(i => i.offsetParent !== null && i.naturalWidth > 0)"
+        ".map(i => {"
+        "  const drawn = parseFloat(i.style.width)"
+        "    || parseFloat(i.getAttribute('width')) || i.naturalWidth;"
+        "  return [i.clientWidth / drawn, drawn, i.src.slice(-40)];"
+        "}).filter(r => r[0] < arguments[0])",
+        MIN_FIGURE_SCALE,
+    )
+    assert not small, (
+        f"{page}: figures shown below {MIN_FIGURE_SCALE:.0%} of their width "
+        f"(scale, drawn width): {[(round(r[0], 2), r[1]) for r in small][:5]}"
+    )
+    overflow = "(e => e.scrollWidth > e.clientWidth + 1)"
+    wide_outputs = driver.execute_script(
+        "return Array.from(document.querySelectorAll("
+        "'.cell_output pre, .cell_output .output, .cell_output .jupyter-widgets'))"
+        f".filter(e => e.offsetParent !== null && {overflow}(e))"
+        ".map(e => [e.scrollWidth, e.clientWidth])"
+    )
+    assert not wide_outputs, (
+        f"{page}: {len(wide_outputs)} outputs scroll sideways (scroll, client width): "
+        f"{wide_outputs[:5]}"
+    )
+    label_ids = driver.execute_script(
+        "return Array.from(document.querySelectorAll('.fmlab-claim'))"
+        ".map(e => e.innerText).filter(t => /\\bch[0-9]+-[a-z]/.test(t))"
+    )
+    assert not label_ids, f"{page}: claim lines show label ids: {label_ids[:3]}"
+    wide_code = driver.execute_script(
+        "return Array.from(document.querySelectorAll('.cell_input pre'))"
+        f".filter(e => e.offsetParent !== null && {overflow}(e)).length"
+    )
+    if wide_code and not (ROOT / "notebooks" / "ruff.toml").exists():
+        # the notebooks are not formatted to the column yet (make format-notebooks)
+        print(f"{page}: {wide_code} code cells scroll sideways (not yet formatted)")
+    else:
+        assert not wide_code, f"{page}: {wide_code} code cells scroll sideways"
 
 
 def test_search_finds_chapter_content(server, browser):
