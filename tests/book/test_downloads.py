@@ -110,7 +110,10 @@ def test_wheel_installs_and_a_downloaded_chapter_runs(tmp_path):
     env_dir = tmp_path / "reader-env"
     base = getattr(sys, "_base_executable", sys.executable)
     subprocess.run(
-        [base, "-m", "venv", "--system-site-packages", str(env_dir)], check=True
+        # no pip or setuptools of its own: the ones of this environment (on the path
+        # below) are the versions the pinned packages were installed with
+        [base, "-m", "venv", "--system-site-packages", "--without-pip", str(env_dir)],
+        check=True,
     )
     python = env_dir / "bin" / "python"
     site = subprocess.run(
