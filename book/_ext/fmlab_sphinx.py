@@ -212,8 +212,12 @@ def _merge(app, env, docnames, other):
 
 
 def _always_outdated(app, env, added, changed, removed):
-    # the index page shows what the chapters produced: rebuild it whenever it is built
-    return sorted(getattr(env, "fmlab_claims_index_docs", set()))
+    # the index page shows what the chapters produced: rebuild it whenever it is built;
+    # and every chapter is read again from the execution cache, because a chapter
+    # re-executed after a change to the library has new outputs but an unchanged file
+    # (Sphinx would otherwise keep the page it rendered from the old outputs)
+    chapters = {d for d in env.found_docs if _is_chapter(env, d)}
+    return sorted(getattr(env, "fmlab_claims_index_docs", set()) | chapters)
 
 
 def _chapters(env):
@@ -580,6 +584,10 @@ def _download_menu(app, pagename, templatename, context, doctree):
             b["tooltip"] = "The chapter as an executed notebook, with its outputs"
         if b.get("label") == "download-pdf-button":
             continue  # the browser's print dialog: replaced by the book's PDF below
+        if b.get("label") == "download-source-button" and str(
+            context.get("sourcename", "")
+        ).endswith(".ipynb"):
+            continue  # the same file as the executed notebook above
         items.append(b)
     if manifest is not None:
         for text, name, tip, icon in (
@@ -829,11 +837,16 @@ def _runtimes(app, node, fromdocname):
             took = f"{seconds:.0f} s"
             verdict = "within" if seconds <= budget[0] else "over"
             verdict += f" its budget of {budget[0]:.0f} s"
+            if len(budget) > 1 and seconds > budget[1]:
+                verdict += (
+                    f"; longer than the {budget[1]:.0f} s of a run with its models "
+                    "cached"
+                )
         rows.append(
             [
                 cell,
                 f"{budget[0]:.0f} s",
-                f"{budget[1]:.0f} s" if len(budget) > 1 else "no trained models",
+                f"{budget[1]:.0f} s" if len(budget) > 1 else "—",
                 took,
                 verdict,
             ]
