@@ -335,12 +335,22 @@ def _check_layout(driver, page):
         f"{page}: figures shown below {MIN_FIGURE_SCALE:.0%} of their width "
         f"(scale, drawn width): {[(round(r[0], 2), r[1]) for r in small][:5]}"
     )
-    overflow = "(e => e.scrollWidth > e.clientWidth + 1)"
+    # an element scrolls sideways when it is a scrolling box wider than it shows, or
+    # reaches past the right edge of the article (the page itself then scrolls)
+    overflow = (
+        "(e => { const x = getComputedStyle(e).overflowX;"
+        " const edge = document.querySelector('.bd-article')"
+        "   .getBoundingClientRect().right;"
+        " const scrolls = x === 'auto' || x === 'scroll';"
+        " return (scrolls && e.scrollWidth > e.clientWidth + 1)"
+        "   || e.getBoundingClientRect().right > edge + 1; })"
+    )
     wide_outputs = driver.execute_script(
         "return Array.from(document.querySelectorAll("
-        "'.cell_output pre, .cell_output .output, .cell_output .jupyter-widgets'))"
+        "'.cell_output pre, .cell_output .output, .cell_output .jupyter-widgets,"
+        " .cell_output table, .cell_output img'))"
         f".filter(e => e.offsetParent !== null && {overflow}(e))"
-        ".map(e => [e.scrollWidth, e.clientWidth])"
+        ".map(e => [e.scrollWidth, e.clientWidth, e.className.slice(-40)])"
     )
     assert not wide_outputs, (
         f"{page}: {len(wide_outputs)} outputs scroll sideways (scroll, client width): "
