@@ -18,6 +18,7 @@ import argparse
 import base64
 import functools
 import http.server
+import re
 import shutil
 import sys
 import threading
@@ -62,6 +63,14 @@ def main(argv=None) -> int:
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
+    # Jupyter Book's root page is book/preface: the single page is written there, with
+    # links relative to the site's root; a copy at the root resolves them
+    page = args.html / "index.html"
+    redirect = re.search(r'url=([^"]+)"', page.read_text(encoding="utf-8"))
+    if redirect:
+        page = args.html / "the-whole-book.html"
+        shutil.copy2(args.html / redirect.group(1), page)
+
     handler = functools.partial(_Quiet, directory=str(args.html))
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
@@ -81,7 +90,7 @@ def main(argv=None) -> int:
     driver.set_page_load_timeout(300)
     driver.set_script_timeout(300)
     try:
-        driver.get(f"http://127.0.0.1:{httpd.server_address[1]}/index.html")
+        driver.get(f"http://127.0.0.1:{httpd.server_address[1]}/{page.name}")
         _wait(driver, "return document.readyState === 'complete'", 300, "the page")
         _wait(
             driver,

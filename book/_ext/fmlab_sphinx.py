@@ -876,8 +876,26 @@ def _resolve_pages(app, doctree, fromdocname):
         _run_this_chapter(app, doctree, fromdocname)
 
 
+def _single_page_handlers(app):
+    """The single-page HTML builder (``make pdf``) draws every node the HTML builder
+    draws: an extension that registers visitors for "singlehtml" stops Sphinx from
+    falling back to the "html" ones (sphinx-proof's theorems, for one)."""
+    if app.builder.name != "singlehtml":
+        return
+    handlers = app.registry.translation_handlers
+    single = handlers.setdefault("singlehtml", {})
+    for node, visitors in handlers.get("html", {}).items():
+        single.setdefault(node, visitors)
+    # the one page has every chapter's math and widgets, but Sphinx and myst-nb add
+    # MathJax and the widget manager only to a page whose own source has them
+    app.set_html_assets_policy("always")
+    for path, attributes in (app.config.nb_ipywidgets_js or {}).items():
+        app.add_js_file(path, **attributes)
+
+
 def setup(app):
     app.connect("config-inited", _buttons_only_with_a_repository)
+    app.connect("builder-inited", _single_page_handlers)
     app.add_node(claims_index_placeholder)
     app.add_directive("fmlab-claims-index", ClaimsIndexDirective)
     app.add_node(ledger_placeholder)
