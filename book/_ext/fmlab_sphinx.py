@@ -635,7 +635,9 @@ def _publish(app, exception):
     out = Path(app.outdir)
     build = out.parent
     target = out / "downloads"
-    target.mkdir(exist_ok=True)
+    if target.exists():
+        shutil.rmtree(target)  # no archive of an earlier commit stays behind
+    target.mkdir()
     manifest = _downloads(app)
     if manifest is not None:
         for key in ("archive", "wheel"):
