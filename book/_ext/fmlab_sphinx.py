@@ -217,6 +217,17 @@ def _always_outdated(app, env, added, changed, removed):
     # re-executed after a change to the library has new outputs but an unchanged file
     # (Sphinx would otherwise keep the page it rendered from the old outputs)
     chapters = {d for d in env.found_docs if _is_chapter(env, d)}
+    # every page links the downloads (its download menu): when they change (a new
+    # commit, a PDF built), every page is written again
+    manifest = _downloads(app) or {}
+    stamp = (
+        manifest.get("archive"),
+        manifest.get("built"),
+        (Path(app.outdir).parent / "pdf" / "book.pdf").is_file(),
+    )
+    if getattr(env, "fmlab_downloads_stamp", None) != stamp:
+        env.fmlab_downloads_stamp = stamp
+        return sorted(env.found_docs)
     return sorted(getattr(env, "fmlab_claims_index_docs", set()) | chapters)
 
 
