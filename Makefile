@@ -20,7 +20,7 @@ export FMLAB_PROGRESS = 0
 export OMP_NUM_THREADS ?= 1
 export PYDEVD_DISABLE_FILE_VALIDATION = 1
 
-.PHONY: book test seeds clean chapter
+.PHONY: book test seeds clean chapter pdf format-notebooks
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,7 @@ $(STAMP): requirements.txt pyproject.toml
 book: $(STAMP)
 	bash scripts/web_assets.sh
 	$(BIN)/python scripts/execute_chapters.py --jobs $(JOBS)
+	$(BIN)/python scripts/build_downloads.py
 	$(BIN)/jupyter-book build . --warningiserror --nitpick --keep-going
 	@echo "The book is in _build/html/index.html"
 
@@ -48,6 +49,16 @@ chapter: $(STAMP)
 # The robustness run (not part of test): every chapter at seed offsets 1-4.
 seeds: $(STAMP)
 	$(BIN)/python scripts/check_seeds.py $(SEEDS_ARGS)
+
+# The whole book as one PDF (not part of test): the single-page HTML build, printed by
+# the headless Chromium of the browser test. A later `make book` links it.
+pdf: $(STAMP)
+	$(BIN)/jupyter-book build . --builder singlehtml
+	$(BIN)/python scripts/build_pdf.py
+
+# Notebook code to the text column's width (line length 76; see the README).
+format-notebooks: $(STAMP)
+	$(BIN)/ruff format --config scripts/ruff-notebooks.toml notebooks
 
 clean:
 	rm -rf _build .jupyter_cache

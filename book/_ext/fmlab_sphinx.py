@@ -11,6 +11,21 @@
   launch buttons appear only when ``repository.url`` in ``_config.yml`` names a
   repository; while it is empty they are turned off here, so that the site never links
   to a repository that does not exist.
+- **Downloads.** ``make book`` builds a source archive of the built commit and a wheel
+  of ``fmlab`` into ``_build/downloads`` (``scripts/build_downloads.py``, which writes
+  ``manifest.json``). ``{fmlab-downloads}`` lists them with the commit and the build
+  date; every chapter gets a line "Run this chapter" under its title, and every page's
+  download menu links them. When the build finishes, the files are copied into the site
+  (``downloads/``), every chapter's ``.ipynb`` download is replaced by the executed
+  notebook (``_build/executed``, written by ``scripts/execute_chapters.py``), and
+  ``claims.json`` is published beside them.
+- **Label ids become numbers.** A claim statement that names an equation, a theorem or
+  a section by its MyST label, "(ch3-eq-ratio)", shows the number the page gives it,
+  "(3.4)", linked to it, in the chapter's claim lines and in the claims index.
+- **The closing claims table** of each chapter (``fmlab.claims_table()``) is folded
+  into a ``<details>`` element: the green lines above it already show each claim.
+- **Runtimes.** ``{fmlab-runtimes}`` shows each chapter's budget beside the time this
+  build took to execute it (from the execution cache).
 - **Duplicate scripts.** sphinx-thebe registers its inline configuration
   (``const THEBE_JS_URL = ...``) twice with Sphinx 7.4, once with the file name ``None``
   and once with ``''``; a second ``const`` declaration is a JavaScript error in the
@@ -23,6 +38,7 @@ from __future__ import annotations
 import html
 import json
 import re
+import shutil
 from pathlib import Path
 
 from docutils import nodes
@@ -206,8 +222,23 @@ def _merge(app, env, docnames, other):
 
 
 def _always_outdated(app, env, added, changed, removed):
-    # the index page shows what the chapters produced: rebuild it whenever it is built
-    return sorted(getattr(env, "fmlab_claims_index_docs", set()))
+    # the index page shows what the chapters produced: rebuild it whenever it is built;
+    # and every chapter is read again from the execution cache, because a chapter
+    # re-executed after a change to the library has new outputs but an unchanged file
+    # (Sphinx would otherwise keep the page it rendered from the old outputs)
+    chapters = {d for d in env.found_docs if _is_chapter(env, d)}
+    # every page links the downloads (its download menu): when they change (a new
+    # commit, a PDF built), every page is written again
+    manifest = _downloads(app) or {}
+    stamp = (
+        manifest.get("archive"),
+        manifest.get("built"),
+        (Path(app.outdir).parent / "pdf" / "book.pdf").is_file(),
+    )
+    if getattr(env, "fmlab_downloads_stamp", None) != stamp:
+        env.fmlab_downloads_stamp = stamp
+        return sorted(env.found_docs)
+    return sorted(getattr(env, "fmlab_claims_index_docs", set()) | chapters)
 
 
 def _chapters(env):
@@ -274,7 +305,10 @@ def _headlines(app, fromdocname):
             quantity = keys.get(r["key"], {}).get("quantity", "")
             link = nodes.paragraph()
             link += nodes.reference(
-                "", r["statement"], internal=True, refuri=f"{uri}#{r['anchor']}"
+                "",
+                numbered_text(app, r["statement"]),
+                internal=True,
+                refuri=f"{uri}#{r['anchor']}",
             )
             rows.append(
                 [
@@ -324,7 +358,10 @@ def _resolve(app, doctree, fromdocname):
             for r in records:
                 para = nodes.paragraph()
                 para += nodes.reference(
-                    "", r["statement"], internal=True, refuri=f"{uri}#{r['anchor']}"
+                    "",
+                    numbered_text(app, r["statement"]),
+                    internal=True,
+                    refuri=f"{uri}#{r['anchor']}",
                 )
                 if r.get("key"):
                     para += nodes.Text(" ")
@@ -422,8 +459,466 @@ def _buttons_only_with_a_repository(app, config):
     options["launch_buttons"] = launch
 
 
+# ---------------------------------------------------------------------------------
+# Downloads: the source archive, the wheel, executed notebooks
+
+
+def _downloads(app) -> dict | None:
+    """The manifest of ``scripts/build_downloads.py``, or None when it was not run."""
+    path = Path(app.outdir).parent / "downloads" / "manifest.json"
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+class downloads_placeholder(nodes.General, nodes.Element):
+    """Replaced by the list of downloads once the manifest is known."""
+
+
+class DownloadsDirective(SphinxDirective):
+    has_content = False
+
+    def run(self):
+        return [downloads_placeholder()]
+
+
+def _static_uri(app, fromdocname: str, path: str) -> str:
+    """A link from a page to a file at ``path`` under the site's root."""
+    from sphinx.util.osutil import relative_uri
+
+    return relative_uri(app.builder.get_target_uri(fromdocname), path)
+
+
+def _build_line(manifest: dict) -> str:
+    commit = manifest["commit"][:10]
+    dirty = " with uncommitted changes" if manifest.get("dirty") else ""
+    return f"Built on {manifest['built']} from commit {commit}{dirty}."
+
+
+def _downloads_list(app, fromdocname):
+    manifest = _downloads(app)
+    if manifest is None:
+        return [
+            nodes.paragraph(
+                text="The downloads are built by `make book` "
+                "(scripts/build_downloads.py); this copy of the site was built without "
+                "them."
+            )
+        ]
+    items = nodes.bullet_list()
+    entries = [
+        (
+            manifest["archive"],
+            "the whole book as a source archive (every notebook, the library, the "
+            "Makefile and the tests) at the commit this site was built from",
+        ),
+        (
+            manifest["wheel"],
+            f"the library fmlab {manifest['version']} as a wheel: "
+            "pip install it, then run any chapter",
+        ),
+    ]
+    if (Path(app.outdir).parent / "pdf" / "book.pdf").is_file():
+        entries.append(("book.pdf", "the whole book as one PDF"))
+    for name, what in entries:
+        para = nodes.paragraph()
+        para += nodes.reference(
+            "",
+            name,
+            internal=False,
+            refuri=_static_uri(app, fromdocname, f"downloads/{name}"),
+        )
+        para += nodes.Text(": " + what)
+        items += nodes.list_item("", para)
+    para = nodes.paragraph()
+    para += nodes.Text(
+        "Each chapter's download menu (the arrow at the top of its page) gives the "
+        "chapter as an executed notebook, with every output and figure. "
+    )
+    para += nodes.reference(
+        "",
+        "claims.json",
+        internal=False,
+        refuri=_static_uri(app, fromdocname, "claims.json"),
+    )
+    para += nodes.Text(" lists every claim of the book with its verdict and values. ")
+    para += nodes.emphasis(text=_build_line(manifest))
+    return [items, para]
+
+
+def _is_chapter(env, docname: str) -> bool:
+    return str(env.doc2path(docname)).endswith(".ipynb")
+
+
+def _run_this_chapter(app, doctree, docname):
+    """A line under a chapter's title: its executed notebook, the wheel, the source."""
+    manifest = _downloads(app)
+    env = app.env
+    if manifest is None or not _is_chapter(env, docname):
+        return
+    section = next(iter(doctree.findall(nodes.section)), None)
+    if section is None or not section.children:
+        return
+    para = nodes.paragraph(classes=["fmlab-run-this"])
+    para += nodes.strong(text="Run this chapter: ")
+    links = [
+        (
+            "the executed notebook",
+            f"_sources/{docname}.ipynb",
+        ),
+        (f"fmlab {manifest['version']} (wheel)", f"downloads/{manifest['wheel']}"),
+        ("the book's source", f"downloads/{manifest['archive']}"),
+    ]
+    for i, (text, path) in enumerate(links):
+        if i:
+            para += nodes.Text(" · ")
+        para += nodes.reference(
+            "", text, internal=False, refuri=_static_uri(app, docname, path)
+        )
+    para += nodes.Text(" (")
+    para += nodes.reference(
+        "",
+        "how",
+        internal=True,
+        refuri=app.builder.get_relative_uri(docname, "book/how-to-run")
+        + "#run-a-chapter-yourself",
+    )
+    para += nodes.Text(").")
+    section.insert(1, para)
+
+
+def _download_menu(app, pagename, templatename, context, doctree):
+    """The download menu of every page: the chapter's executed notebook, the wheel,
+    the source archive, and the book's PDF when it was built."""
+    manifest = _downloads(app)
+    buttons = context.get("header_buttons") or []
+    group = next((b for b in buttons if b.get("label") == "download-buttons"), None)
+    if group is None:
+        return
+    from sphinx.util.osutil import relative_uri
+
+    here = app.builder.get_target_uri(pagename)
+    items = []
+    for b in group["buttons"]:
+        if b.get("label") == "download-notebook-button":
+            b["text"] = ".ipynb (executed)"
+            b["tooltip"] = "The chapter as an executed notebook, with its outputs"
+        if b.get("label") == "download-pdf-button":
+            continue  # the browser's print dialog: replaced by the book's PDF below
+        if b.get("label") == "download-source-button" and str(
+            context.get("sourcename", "")
+        ).endswith(".ipynb"):
+            continue  # the same file as the executed notebook above
+        items.append(b)
+    if manifest is not None:
+        for text, name, tip, icon in (
+            (
+                "source (.tar.gz)",
+                manifest["archive"],
+                "The whole book: notebooks, library, Makefile",
+                "fas fa-file-archive",
+            ),
+            (
+                "fmlab (.whl)",
+                manifest["wheel"],
+                "The library, to pip install",
+                "fas fa-box",
+            ),
+        ):
+            items.append(
+                {
+                    "type": "link",
+                    "url": relative_uri(here, f"downloads/{name}"),
+                    "text": text,
+                    "tooltip": tip,
+                    "icon": icon,
+                    "label": f"download-{name}",
+                }
+            )
+    if (Path(app.outdir).parent / "pdf" / "book.pdf").is_file():
+        items.append(
+            {
+                "type": "link",
+                "url": relative_uri(here, "downloads/book.pdf"),
+                "text": "book (.pdf)",
+                "tooltip": "The whole book as one PDF",
+                "icon": "fas fa-file-pdf",
+                "label": "download-book-pdf",
+            }
+        )
+    group["buttons"] = items
+
+
+def _publish(app, exception):
+    """Copy the downloads, the executed chapters and claims.json into the site."""
+    if exception is not None or app.builder.format != "html":
+        return
+    out = Path(app.outdir)
+    build = out.parent
+    target = out / "downloads"
+    if target.exists():
+        shutil.rmtree(target)  # no archive of an earlier commit stays behind
+    target.mkdir()
+    manifest = _downloads(app)
+    if manifest is not None:
+        for key in ("archive", "wheel"):
+            shutil.copy2(build / "downloads" / manifest[key], target / manifest[key])
+    pdf = build / "pdf" / "book.pdf"
+    if pdf.is_file():
+        shutil.copy2(pdf, target / "book.pdf")
+    sources = out / "_sources"
+    for executed in sorted((build / "executed").glob("*.ipynb")):
+        for page in sources.rglob(executed.name):
+            shutil.copy2(executed, page)
+    claims = build / "claims.json"
+    if claims.is_file():
+        shutil.copy2(claims, out / "claims.json")
+
+
+# ---------------------------------------------------------------------------------
+# Label ids in claim statements become the numbers the pages show
+
+_LABEL = re.compile(r"\b(ch[0-9]+-[A-Za-z0-9_-]*[A-Za-z0-9])\b")
+_TAG = re.compile(r"(<[^>]*>)")
+
+
+def _label_targets(app) -> dict:
+    """label -> (docname, anchor, text): equations "(3.4)" without the parentheses,
+    theorems and the like "Theorem 3.2", sections by their title."""
+    env = app.env
+    cache = getattr(app, "_fmlab_label_cache", None)
+    if cache is not None:
+        return cache
+    targets = {}
+    std = env.get_domain("std")
+    for label, (docname, anchor, title) in std.labels.items():
+        if _LABEL.fullmatch(label) and title:
+            targets[label] = (docname, anchor, title)
+    for label, entry in (getattr(env, "proof_list", None) or {}).items():
+        number = ""
+        if not entry.get("nonumber"):
+            numbers = env.toc_fignumbers.get(entry["docname"], {}).get(
+                entry["countertype"], {}
+            )
+            number = ".".join(map(str, numbers.get(label, ())))
+        title = (entry.get("realtype") or entry.get("type") or "").title()
+        targets[label] = (entry["docname"], label, f"{title} {number}".strip())
+    math = env.get_domain("math")
+    for label, (docname, number) in math.equations.items():
+        anchor = nodes.make_id(f"equation-{label}")
+        numbers = env.toc_fignumbers.get(docname, {}).get("displaymath", {})
+        eqno = ".".join(map(str, numbers.get(anchor, ()))) or str(number)
+        targets[label] = (docname, anchor, eqno)
+    app._fmlab_label_cache = targets
+    return targets
+
+
+def _numbered_html(app, fromdocname: str, text: str) -> str:
+    """HTML ``text`` with every known label id outside tags replaced by its number,
+    linked (equations keep their parentheses: "(ch3-eq-ratio)" -> "(3.4)")."""
+    targets = _label_targets(app)
+
+    def swap(match):
+        found = targets.get(match.group(1))
+        if found is None:
+            return match.group(0)
+        docname, anchor, shown = found
+        uri = app.builder.get_relative_uri(fromdocname, docname)
+        shown = html.escape(shown)
+        return f'<a class="reference internal" href="{uri}#{anchor}">{shown}</a>'
+
+    parts = _TAG.split(text)
+    inside_link = False
+    for i, part in enumerate(parts):
+        if i % 2:
+            if re.match(r"<a[\s>]", part):
+                inside_link = True
+            elif part.startswith("</a"):
+                inside_link = False
+            continue
+        if inside_link:
+            parts[i] = _LABEL.sub(
+                lambda m: (
+                    html.escape(targets[m.group(1)][2])
+                    if m.group(1) in targets
+                    else m.group(0)
+                ),
+                part,
+            )
+        else:
+            parts[i] = _LABEL.sub(swap, part)
+    return "".join(parts)
+
+
+def numbered_text(app, text: str) -> str:
+    """Plain ``text`` with known label ids replaced by their numbers (no links)."""
+    targets = _label_targets(app)
+    return _LABEL.sub(
+        lambda m: targets[m.group(1)][2] if m.group(1) in targets else m.group(0), text
+    )
+
+
+def _claims_outputs(app, doctree, fromdocname):
+    """In a chapter's raw HTML outputs: label ids in claim lines become numbers, and
+    the closing claims table is folded."""
+    for node in list(doctree.findall(nodes.raw)):
+        if "html" not in node.get("format", ""):
+            continue
+        text = node.astext()
+        changed = text
+        if "fmlab-claim" in text:
+            changed = _numbered_html(app, fromdocname, text)
+        if changed.lstrip().startswith('<table class="fmlab-claims">'):
+            n = changed.count("<tr>") - 1
+            changed = (
+                '<details class="fmlab-claims-details"><summary>The '
+                f"{n} claims of this chapter, each verified by this build (open the "
+                "table)</summary>" + changed + "</details>"
+            )
+        if changed != text:
+            node.replace_self(nodes.raw("", changed, format="html"))
+
+
+# ---------------------------------------------------------------------------------
+# Runtimes: each chapter's budget beside the time this build took
+
+
+class RuntimesDirective(SphinxDirective):
+    """``{fmlab-runtimes}`` with one line per chapter: ``<file stem>: <budget s>
+    [<budget s with trained models cached>]``."""
+
+    has_content = True
+
+    def run(self):
+        budgets = {}
+        for line in self.content:
+            if not line.strip():
+                continue
+            stem, _, rest = line.partition(":")
+            values = [float(v) for v in rest.split()]
+            budgets[stem.strip()] = values
+        self.env.fmlab_runtime_budgets = budgets
+        node = runtimes_placeholder()
+        node["budgets"] = budgets
+        return [node]
+
+
+class runtimes_placeholder(nodes.General, nodes.Element):
+    """Replaced by the runtimes table at resolve time."""
+
+
+def _measured_seconds(app) -> dict:
+    """Chapter file stem -> seconds the cached execution this site shows took."""
+    try:
+        import nbformat
+        from jupyter_cache import get_cache
+    except ImportError:
+        return {}
+    path = Path(app.outdir).parent / ".jupyter_cache"
+    if not path.is_dir():
+        return {}
+    cache = get_cache(str(path))
+    out = {}
+    for docname in app.env.found_docs:
+        if not _is_chapter(app.env, docname):
+            continue
+        source = Path(app.env.doc2path(docname))
+        try:
+            record = cache.match_cache_notebook(nbformat.read(source, as_version=4))
+        except (KeyError, OSError):
+            continue
+        seconds = (record.data or {}).get("execution_seconds")
+        if seconds is not None:
+            out[source.stem] = float(seconds)
+    return out
+
+
+def _runtimes(app, node, fromdocname):
+    env = app.env
+    measured = _measured_seconds(app)
+    by_stem = {
+        Path(env.doc2path(d)).stem: d for d in env.found_docs if _is_chapter(env, d)
+    }
+    rows = []
+    for stem, budget in node["budgets"].items():
+        docname = by_stem.get(stem)
+        label = _chapter_label(env, docname) if docname else stem
+        cell = nodes.paragraph()
+        if docname:
+            cell += nodes.reference(
+                "",
+                label,
+                internal=True,
+                refuri=app.builder.get_relative_uri(fromdocname, docname),
+            )
+        else:
+            cell += nodes.Text(label)
+        seconds = measured.get(stem)
+        if seconds is None:
+            took, verdict = "not executed by this build", ""
+        else:
+            took = f"{seconds:.0f} s"
+            verdict = "within" if seconds <= budget[0] else "over"
+            verdict += f" its budget of {budget[0]:.0f} s"
+            if len(budget) > 1 and seconds > budget[1]:
+                verdict += (
+                    f"; longer than the {budget[1]:.0f} s of a run with its models "
+                    "cached"
+                )
+        rows.append(
+            [
+                cell,
+                f"{budget[0]:.0f} s",
+                f"{budget[1]:.0f} s" if len(budget) > 1 else "—",
+                took,
+                verdict,
+            ]
+        )
+    return [
+        _table(
+            (34, 14, 18, 14, 20),
+            (
+                "chapter",
+                "budget, nothing cached",
+                "budget, trained models cached",
+                "this build took",
+                "",
+            ),
+            rows,
+        )
+    ]
+
+
+def _resolve_pages(app, doctree, fromdocname):
+    for node in list(doctree.findall(downloads_placeholder)):
+        node.replace_self(_downloads_list(app, fromdocname))
+    for node in list(doctree.findall(runtimes_placeholder)):
+        node.replace_self(_runtimes(app, node, fromdocname))
+    if _is_chapter(app.env, fromdocname):
+        _claims_outputs(app, doctree, fromdocname)
+        _run_this_chapter(app, doctree, fromdocname)
+
+
+def _single_page_handlers(app):
+    """The single-page HTML builder (``make pdf``) draws every node the HTML builder
+    draws: an extension that registers visitors for "singlehtml" stops Sphinx from
+    falling back to the "html" ones (sphinx-proof's theorems, for one)."""
+    if app.builder.name != "singlehtml":
+        return
+    handlers = app.registry.translation_handlers
+    single = handlers.setdefault("singlehtml", {})
+    for node, visitors in handlers.get("html", {}).items():
+        single.setdefault(node, visitors)
+    # the one page has every chapter's math and widgets, but Sphinx and myst-nb add
+    # MathJax and the widget manager only to a page whose own source has them
+    app.set_html_assets_policy("always")
+    for path, attributes in (app.config.nb_ipywidgets_js or {}).items():
+        app.add_js_file(path, **attributes)
+
+
 def setup(app):
     app.connect("config-inited", _buttons_only_with_a_repository)
+    app.connect("builder-inited", _single_page_handlers)
     app.add_node(claims_index_placeholder)
     app.add_directive("fmlab-claims-index", ClaimsIndexDirective)
     app.add_node(ledger_placeholder)
@@ -436,4 +931,11 @@ def setup(app):
     app.connect("doctree-resolved", _resolve)
     app.connect("build-finished", _write_json)
     app.connect("html-page-context", _dedupe_scripts, priority=900)
+    app.connect("html-page-context", _download_menu, priority=600)
+    app.add_node(downloads_placeholder)
+    app.add_directive("fmlab-downloads", DownloadsDirective)
+    app.add_node(runtimes_placeholder)
+    app.add_directive("fmlab-runtimes", RuntimesDirective)
+    app.connect("doctree-resolved", _resolve_pages)
+    app.connect("build-finished", _publish, priority=900)
     return {"parallel_read_safe": True, "parallel_write_safe": True, "env_version": 2}

@@ -17,7 +17,19 @@ from typing import Callable, Mapping, Sequence
 
 import matplotlib.pyplot as plt
 
-__all__ = ["use_style", "PALETTE", "fig_to_png", "slider_figure", "table", "Table"]
+__all__ = [
+    "use_style",
+    "PALETTE",
+    "COLUMN_PX",
+    "FIGURE_PX",
+    "fig_to_png",
+    "fit_to_column",
+    "glue_figure",
+    "render_png",
+    "slider_figure",
+    "table",
+    "Table",
+]
 
 #: Colours used for the same roles in every chapter (colour-blind safe, Okabe-Ito).
 PALETTE = {
@@ -32,13 +44,40 @@ PALETTE = {
 }
 
 
+#: The book's text column in CSS pixels (the article column of the rendered pages at a
+#: 1280-px window). Every figure is drawn to this width, so that no page scales it down.
+COLUMN_PX = 688
+#: The width figures are drawn to, a little under the column so that rounding never
+#: makes one wider than it.
+FIGURE_PX = 680
+#: CSS pixels per inch of figure: a 9-point label is shown 10 pixels high.
+PX_PER_INCH = 80
+#: PNGs carry this many pixels per CSS pixel, so that they are sharp on high-density
+#: screens ("retina"); the page shows them at :data:`FIGURE_PX`.
+PIXEL_RATIO = 2
+#: No text of a figure is smaller than this (points): 9 pt is 10 px on the page.
+MIN_FONT_PT = 9.0
+
+
 def use_style() -> None:
-    """Apply the book's matplotlib style (call once at the top of a chapter)."""
+    """Apply the book's figure style (call once at the top of a chapter).
+
+    Besides the rcParams (colours, fonts, grid), every figure the notebook shows is
+    fitted to the text column when it is rendered: its width is set so that, with
+    ``bbox_inches="tight"``, it is :data:`FIGURE_PX` CSS pixels wide (its height
+    follows, less than proportionally, so that a wide row of panels does not become a
+    flat strip); any text smaller than :data:`MIN_FONT_PT` is raised to it; a figure
+    laid out by ``fig.tight_layout()`` is laid out again at its new size; and it is
+    saved as a PNG with :data:`PIXEL_RATIO` pixels per CSS pixel, whose displayed
+    width is stored in the output's metadata (the page shows it at exactly that
+    width, sharp on high-density screens). :func:`fig_to_png` (slider frames) does
+    the same.
+    """
     plt.rcParams.update(
         {
-            "figure.figsize": (6.0, 3.6),
-            "figure.dpi": 100,
-            "savefig.dpi": 100,
+            "figure.figsize": (FIGURE_PX / PX_PER_INCH, 3.8),
+            "figure.dpi": PX_PER_INCH,
+            "savefig.dpi": PX_PER_INCH * PIXEL_RATIO,
             "savefig.bbox": "tight",
             "axes.spines.top": False,
             "axes.spines.right": False,
@@ -50,18 +89,167 @@ def use_style() -> None:
             "legend.frameon": False,
             "xtick.labelsize": 9,
             "ytick.labelsize": 9,
+            "font.size": 10,
             "lines.linewidth": 1.8,
             "axes.prop_cycle": plt.cycler(color=list(PALETTE.values())),
         }
     )
+    _remember_tight_layout()
+    _install_inline_formatter()
+
+
+def _remember_tight_layout() -> None:
+    """Make ``Figure.tight_layout`` remember its arguments on the figure, so that a
+    figure resized to the column can be laid out again the way its author asked."""
+    from matplotlib.figure import Figure
+
+    if getattr(Figure.tight_layout, "_fmlab", False):
+        return
+    original = Figure.tight_layout
+
+    def tight_layout(self, **kwargs):
+        self._fmlab_tight_layout = dict(kwargs)
+        return original(self, **kwargs)
+
+    tight_layout._fmlab = True
+    tight_layout.__doc__ = original.__doc__
+    Figure.tight_layout = tight_layout
+
+
+def _install_inline_formatter() -> None:
+    """Show figures in a notebook through :func:`_figure_png` (a 2x PNG with its
+    display width), instead of the inline backend's 1x PNG."""
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover - IPython is a dependency
+        return
+    shell = get_ipython()
+    if shell is None or not hasattr(shell, "display_formatter"):
+        return
+    import matplotlib
+    from matplotlib.figure import Figure
+
+    backend = str(matplotlib.rcParams._get("backend") or "").lower()
+    if "inline" in backend:
+        # the inline backend registers its own PNG formatter when it is first loaded:
+        # load it now, so that ours, registered after it, is the one that stays
+        import matplotlib_inline.backend_inline  # noqa: F401
+    formatters = shell.display_formatter.formatters
+    for mime in ("image/svg+xml", "image/jpeg", "application/pdf"):
+        formatters[mime].pop(Figure, None)
+    formatters["image/png"].for_type(Figure, _figure_png)
+
+
+def _figure_png(fig):
+    """The display formatter of a figure: (base64 PNG, metadata with its width)."""
+    import base64
+
+    if not fig.axes and not fig.images and not fig.texts:
+        return None  # an empty figure shows nothing, like the inline backend
+    data, width = render_png(fig)
+    return base64.b64encode(data).decode("ascii"), {"width": width}
+
+
+def fit_to_column(fig, *, bbox: str | None = None) -> float:
+    """Resize ``fig`` in place so that it is :data:`FIGURE_PX` CSS pixels wide when
+    saved with :data:`PX_PER_INCH` (its tight bounding box with ``bbox="tight"``),
+    after raising every text to at least :data:`MIN_FONT_PT` and letting the figure's
+    own texts (``fig.text``) wrap at its edge. Returns the width it will have, in
+    inches (more than the target only when some text cannot shrink to fit)."""
+    from matplotlib.layout_engine import ConstrainedLayoutEngine
+    from matplotlib.text import Text
+
+    for text in fig.findobj(Text):
+        if text.get_fontsize() < MIN_FONT_PT:
+            text.set_fontsize(MIN_FONT_PT)
+    for text in fig.texts:
+        text.set_wrap(True)
+    for ax in fig.axes:
+        for name, axis in (("x", ax.xaxis), ("y", ax.yaxis)):
+            labels = axis.get_ticklabels(which="both")
+            if labels and min(t.get_fontsize() for t in labels) < MIN_FONT_PT:
+                ax.tick_params(axis=name, which="both", labelsize=MIN_FONT_PT)
+    tight = bbox if bbox is not None else plt.rcParams["savefig.bbox"]
+    tight = tight == "tight"
+    relayout = getattr(fig, "_fmlab_tight_layout", None)
+    constrained = isinstance(fig.get_layout_engine(), ConstrainedLayoutEngine)
+    target = FIGURE_PX / PX_PER_INCH
+    w0, h0 = fig.get_size_inches()
+
+    def measure() -> float:
+        if relayout is not None:
+            fig.tight_layout(**relayout)
+        if not tight:
+            return fig.get_size_inches()[0]
+        if constrained:
+            fig.canvas.draw()
+        width = fig.get_tightbbox(fig.canvas.get_renderer()).width
+        return width + 2 * float(plt.rcParams["savefig.pad_inches"])
+
+    width = measure()
+    for step in range(5):
+        if abs(width - target) * PX_PER_INCH < 2:
+            break
+        w, h = fig.get_size_inches()
+        new_w = max(w * target / width, 1.0)
+        if step == 0:
+            # the height follows the width less than proportionally (square root),
+            # so that a row of four panels squeezed to the column keeps some height
+            fig.set_size_inches(new_w, h0 * (new_w / w0) ** 0.5)
+        else:
+            fig.set_size_inches(new_w, fig.get_size_inches()[1])
+        width = measure()
+    return width
+
+
+def render_png(fig, *, bbox: str | None = None) -> tuple[bytes, int]:
+    """``fig`` fitted to the column (:func:`fit_to_column`) as a 2x PNG, and the
+    width in CSS pixels to show it at (at most :data:`FIGURE_PX`: a figure whose text
+    would not let it shrink to the column is drawn at a smaller scale instead)."""
+    import struct
+
+    width = fit_to_column(fig, bbox=bbox)
+    scale = min(1.0, FIGURE_PX / (width * PX_PER_INCH))
+    tight = bbox if bbox is not None else plt.rcParams["savefig.bbox"]
+    buf = io.BytesIO()
+    fig.savefig(
+        buf,
+        format="png",
+        dpi=PX_PER_INCH * PIXEL_RATIO * scale,
+        bbox_inches="tight" if tight == "tight" else None,
+    )
+    data = buf.getvalue()
+    pixels = struct.unpack(">I", data[16:20])[0]  # the PNG header's width
+    return data, round(pixels / PIXEL_RATIO)
 
 
 def fig_to_png(fig) -> bytes:
-    """PNG bytes of a matplotlib figure; the figure is closed afterwards."""
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
+    """PNG bytes of a matplotlib figure fitted to the column (2x pixels, shown at
+    :data:`FIGURE_PX`); the figure is closed afterwards."""
+    data, _ = render_png(fig)
     plt.close(fig)
-    return buf.getvalue()
+    return data
+
+
+def glue_figure(name: str, fig) -> None:
+    """Keep ``fig`` under ``name`` for a numbered, captioned figure in the text, and
+    close it (so that the cell does not also show it).
+
+    In the notebook, the figure's cell ends with ``glue_figure("ch3-fig-ood", fig)``
+    and a markdown cell places it, with its number and caption::
+
+        ```{glue:figure} ch3-fig-ood
+        :name: fig-ch3-ood
+
+        The caption, which the prose cites as {numref}`fig-ch3-ood`.
+        ```
+
+    The figure is fitted to the column like every other (:func:`use_style`).
+    """
+    from myst_nb import glue
+
+    glue(name, fig, display=False)
+    plt.close(fig)
 
 
 def _fmt(value) -> str:
@@ -76,6 +264,7 @@ def slider_figure(
     *,
     labels: Mapping[str, str] | None = None,
     initial: Mapping[str, int] | None = None,
+    readouts: Mapping[str, Sequence[str]] | None = None,
 ):
     """A figure with one slider per parameter, precomputed for the static book.
 
@@ -89,6 +278,10 @@ def slider_figure(
         Text shown before each slider (defaults to the parameter name).
     initial : mapping name -> int, optional
         Index of the value each slider starts at (default 0).
+    readouts : mapping name -> sequence of str, optional
+        What each slider shows beside it at each of its values (default: the value
+        itself, e.g. ``0.03``). Give it when the values are not what the reader
+        should read (``{"t_index": ["t = 0", "t = 1/2", ...]}``).
 
     Returns
     -------
@@ -123,10 +316,21 @@ def slider_figure(
                 f"initial[{name!r}] must be an index in [0, {len(values[name]) - 1}]"
             )
 
-    images = {}
+    readouts = {n: list(v) for n, v in (readouts or {}).items()}
+    for name, texts in readouts.items():
+        if name not in values:
+            raise ValueError(f"readouts names unknown parameter {name!r}")
+        if len(texts) != len(values[name]):
+            raise ValueError(
+                f"readouts[{name!r}] has {len(texts)} texts for "
+                f"{len(values[name])} values"
+            )
+
+    images, widths = {}, {}
     for combo in itertools.product(*(range(len(values[n])) for n in names)):
         fig = render(**{n: values[n][i] for n, i in zip(names, combo)})
-        images[combo] = fig_to_png(fig)
+        images[combo], widths[combo] = render_png(fig)
+        plt.close(fig)
 
     sliders = {
         n: w.IntSlider(
@@ -137,7 +341,11 @@ def slider_figure(
             continuous_update=True,
             description=labels.get(n, n),
             style={"description_width": "initial"},
-            layout=w.Layout(width="320px"),
+            # room for the label and a track of about 200 px
+            layout=w.Layout(
+                width=f"{min(600, 220 + 8 * len(labels.get(n, n)))}px",
+                max_width="75%",
+            ),
         )
         for n in names
     }
@@ -150,8 +358,14 @@ def slider_figure(
     def build(level, prefix):
         name = names[level]
         if level == len(names) - 1:
+            # shown at its CSS width (a 2x PNG), never wider than the column
             kids = [
-                w.Image(value=images[prefix + (i,)], format="png")
+                w.Image(
+                    value=images[prefix + (i,)],
+                    format="png",
+                    width=str(widths[prefix + (i,)]),
+                    layout=w.Layout(max_width="100%", height="auto"),
+                )
                 for i in range(len(values[name]))
             ]
         else:
@@ -160,9 +374,12 @@ def slider_figure(
 
     rows = []
     for n in names:
-        readout = stack([w.HTML(f"<b>{_fmt(v)}</b>") for v in values[n]], n)
-        rows.append(w.HBox([sliders[n], readout]))
-    return w.VBox(rows + [build(0, ())])
+        texts = readouts.get(n) or [_fmt(v) for v in values[n]]
+        readout = stack([w.HTML(f"<b>{html.escape(t)}</b>") for t in texts], n)
+        rows.append(w.HBox([sliders[n], readout], layout=w.Layout(max_width="100%")))
+    box = w.VBox(rows + [build(0, ())], layout=w.Layout(max_width="100%"))
+    box.add_class("fmlab-slider-figure")
+    return box
 
 
 class Table:

@@ -288,6 +288,8 @@ def test_page_in_browser(page, server, browser):
                     f"{page}: moving a slider did not change the picture"
                 )
 
+    _check_layout(driver, page)
+
     # no console errors; no failed, erroring or off-site requests
     severe = [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
     assert not severe, f"{page}: console errors: {severe[:5]}"
@@ -307,6 +309,67 @@ def test_page_in_browser(page, server, browser):
             failed.append(f"{params['response']['status']} {params['response']['url']}")
     assert not offsite, f"{page}: requests to other hosts: {sorted(offsite)[:5]}"
     assert not failed, f"{page}: failed requests: {failed[:5]}"
+
+
+# a figure is shown at no less than this fraction of the width it was drawn for
+MIN_FIGURE_SCALE = 0.9
+
+
+def _check_layout(driver, page):
+    """At the desktop width: every figure is shown at >= 90% of the width it was drawn
+    for (its width attribute: the figures are 2x PNGs), no printed output scrolls
+    sideways, no claim line shows a MyST label id, and (once the notebooks are
+    formatted to the column, notebooks/ruff.toml) no code cell scrolls sideways."""
+    driver.execute_script("window.scrollTo(0, 0)")
+    small = driver.execute_script(
+        "return Array.from(document.querySelectorAll('.cell_output img'))"
+        ".filter(i => i.offsetParent !== null && i.naturalWidth > 0)"
+        ".map(i => {"
+        "  const drawn = parseFloat(i.style.width)"
+        "    || parseFloat(i.getAttribute('width')) || i.naturalWidth;"
+        "  return [i.clientWidth / drawn, drawn, i.src.slice(-40)];"
+        "}).filter(r => r[0] < arguments[0])",
+        MIN_FIGURE_SCALE,
+    )
+    assert not small, (
+        f"{page}: figures shown below {MIN_FIGURE_SCALE:.0%} of their width "
+        f"(scale, drawn width): {[(round(r[0], 2), r[1]) for r in small][:5]}"
+    )
+    # an element scrolls sideways when it is a scrolling box wider than it shows, or
+    # reaches past the right edge of the article (the page itself then scrolls)
+    overflow = (
+        "(e => { const x = getComputedStyle(e).overflowX;"
+        " const edge = document.querySelector('.bd-article')"
+        "   .getBoundingClientRect().right;"
+        " const scrolls = x === 'auto' || x === 'scroll';"
+        " return (scrolls && e.scrollWidth > e.clientWidth + 1)"
+        "   || e.getBoundingClientRect().right > edge + 1; })"
+    )
+    wide_outputs = driver.execute_script(
+        "return Array.from(document.querySelectorAll("
+        "'.cell_output pre, .cell_output .output, .cell_output .jupyter-widgets,"
+        " .cell_output table, .cell_output img'))"
+        f".filter(e => e.offsetParent !== null && {overflow}(e))"
+        ".map(e => [e.scrollWidth, e.clientWidth, e.className.slice(-40)])"
+    )
+    assert not wide_outputs, (
+        f"{page}: {len(wide_outputs)} outputs scroll sideways (scroll, client width): "
+        f"{wide_outputs[:5]}"
+    )
+    label_ids = driver.execute_script(
+        "return Array.from(document.querySelectorAll('.fmlab-claim'))"
+        ".map(e => e.innerText).filter(t => /\\bch[0-9]+-[a-z]/.test(t))"
+    )
+    assert not label_ids, f"{page}: claim lines show label ids: {label_ids[:3]}"
+    wide_code = driver.execute_script(
+        "return Array.from(document.querySelectorAll('.cell_input pre'))"
+        f".filter(e => e.offsetParent !== null && {overflow}(e)).length"
+    )
+    if wide_code and not (ROOT / "notebooks" / "ruff.toml").exists():
+        # the notebooks are not formatted to the column yet (make format-notebooks)
+        print(f"{page}: {wide_code} code cells scroll sideways (not yet formatted)")
+    else:
+        assert not wide_code, f"{page}: {wide_code} code cells scroll sideways"
 
 
 def test_search_finds_chapter_content(server, browser):
@@ -330,7 +393,13 @@ def test_search_finds_chapter_content(server, browser):
 def test_site_size_within_budget():
     if not (HTML / "index.html").exists():
         _unavailable(f"no built book at {HTML}; run `make book` first")
-    size = sum(p.stat().st_size for p in HTML.rglob("*") if p.is_file())
+    files = [p for p in HTML.rglob("*") if p.is_file()]
+    downloads = HTML / "downloads"  # the archive, the wheel and the PDF: on demand only
+    size = sum(p.stat().st_size for p in files if downloads not in p.parents)
     assert size <= 60 * 2**20, (
         f"the built site is {size / 2**20:.1f} MB, over its 60 MB budget"
+    )
+    extra = sum(p.stat().st_size for p in files if downloads in p.parents)
+    assert extra <= 30 * 2**20, (
+        f"the downloads are {extra / 2**20:.1f} MB, over their 30 MB budget"
     )

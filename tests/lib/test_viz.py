@@ -37,3 +37,40 @@ def test_slider_figure_validates():
         slider_figure(None, {"a": [1]})
     with pytest.raises(ValueError, match="initial"):
         slider_figure(_render, {"a": [1], "b": [2]}, initial={"a": 5})
+
+
+def test_figures_are_fitted_to_the_column():
+    """A wide figure with small text is drawn at the column's width, every text at
+    least MIN_FONT_PT, as a 2x PNG (its pixel width twice its display width)."""
+    import struct
+
+    from fmlab import viz
+
+    viz.use_style()
+    for size in ((13, 3.3), (4, 3)):
+        fig, axes = plt.subplots(1, 3, figsize=size)
+        for ax in axes:
+            ax.plot([1, 2], label="a label")
+            ax.legend(fontsize=6)
+        fig.tight_layout()
+        data, width = viz.render_png(fig)
+        plt.close(fig)
+        assert abs(width - viz.FIGURE_PX) <= 3 and width <= viz.COLUMN_PX
+        pixels = struct.unpack(">I", data[16:20])[0]
+        assert abs(pixels - viz.PIXEL_RATIO * width) <= 1
+        texts = [t for ax in axes for t in ax.get_legend().get_texts()]
+        assert min(t.get_fontsize() for t in texts) >= viz.MIN_FONT_PT
+
+
+def test_slider_images_fit_and_read_out_values():
+    box = slider_figure(
+        lambda t: plt.subplots(figsize=(12, 3))[0],
+        {"t": [0, 1]},
+        readouts={"t": ["t = 0", "t = 16"]},
+    )
+    image = box.children[-1].children[0]
+    assert int(image.width) <= 688 and image.layout.max_width == "100%"
+    readout = box.children[0].children[1]
+    assert [h.value for h in readout.children] == ["<b>t = 0</b>", "<b>t = 16</b>"]
+    with pytest.raises(ValueError, match="readouts"):
+        slider_figure(_render, {"a": [1], "b": [2]}, readouts={"a": ["x", "y"]})
