@@ -66,7 +66,8 @@ _REGISTRY_NAME = Path("book") / "claims.yml"
 
 def registry_path() -> Path:
     """Where the claims registry is: ``$FMLAB_CLAIMS_REGISTRY``, else the first
-    ``book/claims.yml`` found from the working directory upwards."""
+    ``book/claims.yml`` found from the working directory upwards, else the copy packed
+    into a wheel of fmlab (``fmlab/_registry/claims.yml``)."""
     env = os.environ.get("FMLAB_CLAIMS_REGISTRY")
     if env:
         return Path(env)
@@ -74,6 +75,9 @@ def registry_path() -> Path:
     for folder in (here, *here.parents):
         if (folder / _REGISTRY_NAME).is_file():
             return folder / _REGISTRY_NAME
+    packaged = Path(__file__).with_name("_registry") / "claims.yml"
+    if packaged.is_file():  # the copy a wheel of fmlab carries
+        return packaged
     raise FileNotFoundError(
         "no claims registry: book/claims.yml was not found from the working "
         f"directory {here} upwards; set FMLAB_CLAIMS_REGISTRY to its path"

@@ -160,9 +160,6 @@ def test_wheel_installs_and_a_downloaded_chapter_runs(tmp_path):
         FMLAB_CACHE_DIR=str(tmp_path / "models"),
         FMLAB_PROGRESS="0",
         OMP_NUM_THREADS="1",
-        # the wheel's copy of the registry (fmlab.claims.registry_path does not look
-        # inside the package by itself yet)
-        FMLAB_CLAIMS_REGISTRY=str(Path(where) / "_registry" / "claims.yml"),
     )
     env.pop("PYTHONPATH", None)
     run = subprocess.run(
