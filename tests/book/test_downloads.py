@@ -14,6 +14,7 @@ Needs a built book (``make book``); without one the tests skip with a loud reaso
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -23,7 +24,6 @@ import tarfile
 from pathlib import Path
 
 import pytest
-import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 HTML = ROOT / "_build" / "html"
@@ -33,19 +33,14 @@ QUICK_CHAPTER = "notebooks/02-interface"
 
 
 def _chapters() -> list[str]:
-    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
-    files = []
-
-    def walk(entries):
-        for e in entries or []:
-            if "file" in e:
-                files.append(e["file"])
-            walk(e.get("chapters"))
-            walk(e.get("sections"))
-
-    for part in toc.get("parts", []):
-        walk(part.get("chapters"))
-    return [f for f in files if (ROOT / f"{f}.ipynb").exists()]
+    """The chapters of the table of contents, as the build lists them
+    (``scripts/execute_chapters.py``), e.g. ``notebooks/02-interface``."""
+    spec = importlib.util.spec_from_file_location(
+        "execute_chapters", ROOT / "scripts" / "execute_chapters.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return [p.relative_to(ROOT).with_suffix("").as_posix() for p in module._chapters()]
 
 
 def _need_site():
