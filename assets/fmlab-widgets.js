@@ -1,11 +1,20 @@
 // Glue between the ipywidgets HTML manager and this site; loaded before the manager.
 (function () {
-  // 1. The manager is an AMD module and loads its fonts and code chunks relative to its
-  //    own module URL, which require.js would otherwise resolve against the page's
-  //    folder. Point it at this site's _static/vendor copy, so that slider figures render
-  //    offline with every file served by the book itself.
+  // 1. The bundle defines four AMD modules (base, controls, html-manager and the embedder),
+  //    and each loads its icon fonts and code chunks relative to its own module URL, which
+  //    require.js would otherwise resolve against the page's folder. Map all four into
+  //    this site's _static/vendor copy, so that slider figures render offline with every
+  //    file served by the book itself.
   var here = document.currentScript.src.replace(/[^/]*$/, "");
-  require.config({ paths: { "@jupyter-widgets/html-manager/dist": here + "vendor/html-manager" } });
+  var vendor = here + "vendor/html-manager";
+  require.config({
+    paths: {
+      "@jupyter-widgets/html-manager/dist": vendor,
+      "@jupyter-widgets/html-manager": vendor + "/html-manager",
+      "@jupyter-widgets/base": vendor + "/base",
+      "@jupyter-widgets/controls": vendor + "/controls",
+    },
+  });
 
   // 2. The widgets typeset their labels with the MathJax 2 call MathJax.Hub.Queue, but
   //    the book uses MathJax 3, which has no Hub. Give every object that becomes

@@ -290,6 +290,14 @@ def test_page_in_browser(page, server, browser):
 
     _check_layout(driver, page)
 
+    # the widgets' icon fonts load lazily, when the first glyph that needs one is drawn:
+    # wait for every font the page asked for, so that a missing one fails every run
+    driver.set_script_timeout(30)
+    driver.execute_async_script(
+        "const done = arguments[0];"
+        "document.fonts.ready.then(() => setTimeout(() => done(true), 300));"
+    )
+
     # no console errors; no failed, erroring or off-site requests
     severe = [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
     assert not severe, f"{page}: console errors: {severe[:5]}"
