@@ -322,11 +322,20 @@ def test_page_in_browser(page, server, browser):
 # a figure is shown at no less than this fraction of the width it was drawn for
 MIN_FIGURE_SCALE = 0.9
 
+# pages whose figures do not have numbered captions yet (issue 28); shrinks to empty
+UNCAPTIONED = {
+    "notebooks/03-lp-vs-ft",
+    "notebooks/04-kernel-view",
+    "notebooks/05-implicit-bias",
+    "notebooks/06-in-context-learning",
+}
+
 
 def _check_layout(driver, page):
     """At the desktop width: every figure is shown at >= 90% of the width it was drawn
     for (its width attribute: the figures are 2x PNGs), no printed output scrolls
-    sideways, no claim line shows a MyST label id, and (once the notebooks are
+    sideways, every figure has a numbered caption (pages not in UNCAPTIONED), no claim
+    line shows a MyST label id, and (once the notebooks are
     formatted to the column, notebooks/ruff.toml) no code cell scrolls sideways."""
     driver.execute_script("window.scrollTo(0, 0)")
     small = driver.execute_script(
@@ -364,6 +373,16 @@ def _check_layout(driver, page):
         f"{page}: {len(wide_outputs)} outputs scroll sideways (scroll, client width): "
         f"{wide_outputs[:5]}"
     )
+    if page not in UNCAPTIONED:  # every figure and slider figure: numbered, captioned
+        bare = driver.execute_script(
+            "return Array.from(document.querySelectorAll("
+            "'.cell_output img, .cell_output .widget-slider'))"
+            ".filter(e => e.offsetParent !== null)"
+            ".filter(e => { const f = e.closest('figure');"
+            "  return !f || !f.querySelector('figcaption .caption-number'); })"
+            ".map(e => (e.src || e.className).slice(-40))"
+        )
+        assert not bare, f"{page}: {len(bare)} figures without a numbered caption"
     label_ids = driver.execute_script(
         "return Array.from(document.querySelectorAll('.fmlab-claim'))"
         ".map(e => e.innerText).filter(t => /\\bch[0-9]+-[a-z]/.test(t))"

@@ -16,7 +16,6 @@ import torch
 
 from fmlab.chapters import ch2_figures as fig2
 from fmlab.chapters import ch2_interface as ch2
-from fmlab.claims import ClaimFailed, claims_table, reset_claims
 from fmlab.theory import contrastive as tc
 from fmlab.viz import Table
 
@@ -199,16 +198,6 @@ def test_figures_tables_and_slider_draw_from_the_results(results):
     assert all(k.startswith("ch2_") and isinstance(v, str) for k, v in prose.items())
     with pytest.raises(TypeError, match="result"):
         fig2.plot_latent_class_training(runs["sweep"])
-
-
-def test_exact_claim_records_an_exact_claim_and_fails_loudly():
-    reset_claims()
-    ch2.exact_claim("one equals one", 1 == 1, "trivially")
-    record = claims_table().records[-1]
-    assert record.kind == "check" and record.key is None
-    with pytest.raises(ClaimFailed, match="one equals two"):
-        ch2.exact_claim("one equals two", 1 == 2)
-    reset_claims()
 
 
 def test_configs_validate_their_arguments():

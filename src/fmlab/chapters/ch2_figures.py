@@ -402,6 +402,8 @@ def prose_latent_classes(result: LatentClassesResult) -> dict[str, str]:
     bound, mean_clf, best = result.bound, result.mean_classifier, result.best_head
     slack, spread = bound - mean_clf, result.spread
     return {
+        "ch2_seeds1": f"{bound.shape[0]}",
+        "ch2_checks1": f"{bound.numel()}",
         "ch2_final_bound": f"{bound[:, -1].mean():.4f}",
         "ch2_final_mc": f"{mean_clf[:, -1].mean():.4f}",
         "ch2_final_best": f"{best[:, -1].mean():.4f}",
@@ -424,6 +426,8 @@ def prose_trained_encoders(
     _check("result", result, TrainedEncodersResult)
     adapt = result.adapt
     return {
+        "ch2_seeds2": f"{adapt.shape[0]}",
+        "ch2_checkpoints2": f"{adapt.shape[1]}",
         "ch2_exact_bound2": f"{exact_bound:.3f}",
         "ch2_adapt2_start": f"{adapt[:, 0].mean():.3f}",
         "ch2_adapt2_end": f"{adapt[:, -1].mean():.3f}",
@@ -441,6 +445,7 @@ def prose_same_loss(result: SameLossResult) -> dict[str, str]:
         f"ch2_eps_{key}": f"{max(e.excess for e in result.evaluations[name]):.1e}"
         for name, key in zip(TRAINED, ("mlp", "table", "fit"))
     }
+    out["ch2_seeds3"] = f"{len(result.evaluations['MLP'])}"
     out["ch2_mlp_L"] = f"{result.probe_losses('MLP').mean():.3f}"
     out["ch2_mlp_Lpi"] = f"{result.probe_losses('MLP', composed=True).mean():.3f}"
     out["ch2_tab_L"] = f"{result.probe_losses('lookup table').mean():.3f}"

@@ -29,7 +29,6 @@ import torch
 from torch import nn
 
 from .._validate import check_choice, check_float, check_int
-from ..claims import claim
 from ..data.contrastive import (
     AugmentationGraph,
     LatentClassConfig,
@@ -63,7 +62,6 @@ from ..theory.contrastive import (
 from ..train import cached, progress, train
 
 __all__ = [
-    "exact_claim",
     "SphereEncoder",
     "CurlConfig",
     "pretrain_curl",
@@ -942,10 +940,3 @@ def same_loss(cfg: SameLossEncodersConfig) -> SameLossResult:
         )
 
     return cached(cfg, build, name="ch2_same_loss")
-
-
-def exact_claim(statement: str, condition, evidence: str = "", **kwargs) -> None:
-    """:func:`fmlab.claim` with ``kind="check"``: an exact statement (an identity, or a
-    theorem's inequality at every point) that can fail only through a bug. Every claim
-    of Chapter 2 that is not a :func:`fmlab.finding` is one."""
-    claim(statement, condition, evidence, kind="check", **kwargs)
