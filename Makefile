@@ -20,7 +20,7 @@ export FMLAB_PROGRESS = 0
 export OMP_NUM_THREADS ?= 1
 export PYDEVD_DISABLE_FILE_VALIDATION = 1
 
-.PHONY: book test seeds clean chapter pdf format-notebooks
+.PHONY: book test seeds clean chapter pdf
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -55,10 +55,6 @@ seeds: $(STAMP)
 pdf: $(STAMP)
 	$(BIN)/jupyter-book build . --builder singlehtml
 	$(BIN)/python scripts/build_pdf.py
-
-# Notebook code to the text column's width (line length 76; see the README).
-format-notebooks: $(STAMP)
-	$(BIN)/ruff format --config scripts/ruff-notebooks.toml notebooks
 
 clean:
 	rm -rf _build .jupyter_cache
