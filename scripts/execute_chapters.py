@@ -25,6 +25,7 @@ mode.)
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -210,6 +211,18 @@ def main(argv=None) -> int:
             )
             print(f"  {path.stem}: {seconds:.1f} s", flush=True)
     wall = time.perf_counter() - start
+    if total and not failed:
+        # the runtimes page reports the parallel efficiency of the last real execution
+        (args.cache / "fmlab_execution.json").write_text(
+            json.dumps(
+                {
+                    "wall_seconds": round(wall, 1),
+                    "chapter_seconds": round(total, 1),
+                    "jobs": min(args.jobs, len(todo)),
+                    "chapters": [p.stem for p in todo],
+                }
+            )
+        )
     print(
         f"execute_chapters: {wall:.1f} s wall for {total:.1f} s of chapter execution "
         f"({wall / total:.2f}x the serial time)"

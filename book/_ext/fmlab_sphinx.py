@@ -212,6 +212,7 @@ def _collect(app, doctree):
 def _purge(app, env, docname):
     getattr(env, "fmlab_claims", {}).pop(docname, None)
     getattr(env, "fmlab_claims_index_docs", set()).discard(docname)
+    getattr(env, "fmlab_runtimes_docs", set()).discard(docname)
 
 
 def _merge(app, env, docnames, other):
@@ -219,6 +220,8 @@ def _merge(app, env, docnames, other):
     env.fmlab_claims.update(getattr(other, "fmlab_claims", {}))
     env.fmlab_claims_index_docs = getattr(env, "fmlab_claims_index_docs", set())
     env.fmlab_claims_index_docs |= getattr(other, "fmlab_claims_index_docs", set())
+    env.fmlab_runtimes_docs = getattr(env, "fmlab_runtimes_docs", set())
+    env.fmlab_runtimes_docs |= getattr(other, "fmlab_runtimes_docs", set())
 
 
 def _always_outdated(app, env, added, changed, removed):
@@ -238,7 +241,11 @@ def _always_outdated(app, env, added, changed, removed):
     if getattr(env, "fmlab_downloads_stamp", None) != stamp:
         env.fmlab_downloads_stamp = stamp
         return sorted(env.found_docs)
-    return sorted(getattr(env, "fmlab_claims_index_docs", set()) | chapters)
+    return sorted(
+        getattr(env, "fmlab_claims_index_docs", set())
+        | getattr(env, "fmlab_runtimes_docs", set())
+        | chapters
+    )
 
 
 def _chapters(env):
@@ -798,6 +805,9 @@ class RuntimesDirective(SphinxDirective):
             values = [float(v) for v in rest.split()]
             budgets[stem.strip()] = values
         self.env.fmlab_runtime_budgets = budgets
+        # the page shows times of the last execution: rebuild it on every build
+        self.env.fmlab_runtimes_docs = getattr(self.env, "fmlab_runtimes_docs", set())
+        self.env.fmlab_runtimes_docs.add(self.env.docname)
         node = runtimes_placeholder()
         node["budgets"] = budgets
         return [node]
@@ -874,19 +884,38 @@ def _runtimes(app, node, fromdocname):
                 verdict,
             ]
         )
-    return [
-        _table(
-            (34, 14, 18, 14, 20),
-            (
-                "chapter",
-                "budget, nothing cached",
-                "budget, trained models cached",
-                "this build took",
-                "",
-            ),
-            rows,
-        )
-    ]
+    table = _table(
+        (34, 14, 18, 14, 20),
+        (
+            "chapter",
+            "budget, nothing cached",
+            "budget, trained models cached",
+            "this build took",
+            "",
+        ),
+        rows,
+    )
+    return [table, _parallel_efficiency(app)]
+
+
+def _parallel_efficiency(app) -> nodes.paragraph:
+    """One sentence on the last execution of chapters: wall time against the summed
+    chapter time and the cores it used (scripts/execute_chapters.py records it)."""
+    path = Path(app.outdir).parent / ".jupyter_cache" / "fmlab_execution.json"
+    try:
+        run = json.loads(path.read_text())
+        wall, total, jobs = run["wall_seconds"], run["chapter_seconds"], run["jobs"]
+        n = len(run["chapters"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return nodes.paragraph("", "No execution of the chapters is recorded.")
+    efficiency = total / (jobs * wall) if wall > 0 and jobs > 0 else float("nan")
+    return nodes.paragraph(
+        "",
+        f"The last execution of chapters for this site ran {n} of them, {jobs} at a "
+        f"time: {wall:.0f} s of wall-clock time for {total:.0f} s of chapter time, "
+        f"a parallel efficiency of {efficiency:.0%} (chapter time over cores × wall "
+        "time; 100% would keep every core busy until the end).",
+    )
 
 
 def _resolve_pages(app, doctree, fromdocname):
