@@ -55,6 +55,7 @@ __all__ = [
     "few_shot_task",
     "test_set",
     "LogisticFineTuneConfig",
+    "FineTuneDiverged",
     "fine_tune_logistic",
     "sign_accuracy",
     "outputs",
@@ -297,6 +298,17 @@ def logistic_loss(f: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.softplus(-y * f).mean()
 
 
+class FineTuneDiverged(FloatingPointError):
+    """A fine-tuning run whose loss or parameters became non-finite."""
+
+    def __init__(self, optimizer: str, lr: float, step: int, what: str):
+        self.optimizer, self.lr, self.step = optimizer, lr, step
+        super().__init__(
+            f"fine-tuning diverged: {what} became non-finite at step {step} "
+            f"({optimizer}, lr = {lr:.3g}); use a smaller lr"
+        )
+
+
 def fine_tune_logistic(
     model: nn.Module,
     x: torch.Tensor,
@@ -310,7 +322,9 @@ def fine_tune_logistic(
     Mini-batches are drawn without replacement within each pass over the data, from a
     generator seeded with ``seed``. Only parameters with ``requires_grad=True`` move
     (all of them, or the LoRA factors). SignGD updates :math:`\\theta \\leftarrow
-    \\theta - \\eta\\,\\operatorname{sign}(\\nabla L)`.
+    \\theta - \\eta\\,\\operatorname{sign}(\\nabla L)`. Raises
+    :class:`FineTuneDiverged` at the first step whose loss is not finite, or at the end
+    if a parameter is not.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -332,7 +346,7 @@ def fine_tune_logistic(
     order = torch.randperm(n, generator=g)
     cursor = 0
     tuned.train()
-    for _ in range(config.steps):
+    for step in range(config.steps):
         if batch == n:
             idx = slice(None)
         else:
@@ -341,12 +355,16 @@ def fine_tune_logistic(
             idx = order[cursor : cursor + batch]
             cursor += batch
         loss = logistic_loss(tuned(x[idx]), y[idx])
+        if not bool(torch.isfinite(loss)):
+            raise FineTuneDiverged(config.optimizer, config.lr, step, "the loss")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if config.optimizer == "signgd":
             for p in params:
                 p.grad = p.grad.sign()
         opt.step()
+    if not all(bool(torch.isfinite(p).all()) for p in params):
+        raise FineTuneDiverged(config.optimizer, config.lr, config.steps, "a parameter")
     tuned.eval()
     return tuned
 
@@ -420,7 +438,10 @@ def fit_logistic_regression(
 
 def _select(candidates: list[dict]) -> dict:
     """The candidate with the best validation accuracy; ties go to the lower validation
-    loss, then to the earlier candidate."""
+    loss, then to the earlier candidate. Raises :class:`FineTuneDiverged` when every
+    candidate diverged."""
+    if not candidates or all(c["val_acc"] < 0 for c in candidates):
+        raise FineTuneDiverged("every optimizer", float("nan"), -1, "every candidate")
     return min(
         enumerate(candidates),
         key=lambda ic: (-ic[1]["val_acc"], ic[1]["val_loss"], ic[0]),
@@ -478,6 +499,13 @@ class KernelExperimentConfig:
     go to the lower validation loss. ``methods="sgd"`` runs only SGD fine-tuning and the
     eNTK in both settings, the linear probe and the bag of words (no Adam, LoRA or
     SignGD kernels), for the larger ``k`` where those are the comparisons that matter.
+
+    ``analog_lr_scale`` (with ``analog_adam_lr`` and ``analog_signgd_reg``), when set,
+    also records each run's fine-tuning at that fixed hyperparameter beside its own
+    kernel analog, with no validation choice: SGD at :math:`c` against the eNTK at ridge
+    :math:`1/(cT)` (``T = steps``), and Adam at ``analog_adam_lr`` against the
+    asymmetric SignGD kernel at ridge ``analog_signgd_reg``. They must be in the grids,
+    since the recorded numbers are those grid candidates.
     """
 
     shots: tuple[int, ...] = (4, 16)
@@ -490,6 +518,9 @@ class KernelExperimentConfig:
     kernel_regs: tuple[float, ...] = (1e-3, 1e-2, 1e-1, 1.0)
     probe_regs: tuple[float, ...] = (1e-3, 1e-2, 1e-1, 1.0)
     methods: str = "all"
+    analog_lr_scale: float | None = None
+    analog_adam_lr: float = 5e-5
+    analog_signgd_reg: float = 1 / 240
 
     def __post_init__(self):
         for name in (
@@ -513,6 +544,37 @@ class KernelExperimentConfig:
                 check_float(name, v, minimum=0.0, strict_min=True)
         check_int("lora_rank", self.lora_rank, minimum=1)
         check_choice("methods", self.methods, ("all", "sgd"))
+        if self.analog_lr_scale is not None:
+            if self.analog_lr_scale not in self.sgd_lr_scales:
+                raise ValueError(
+                    f"analog_lr_scale {self.analog_lr_scale} must be one of "
+                    f"sgd_lr_scales {self.sgd_lr_scales}"
+                )
+            self.analog_reg("sgd")  # raises when the analog ridge is not in the grid
+            if self.methods == "all":
+                if self.analog_adam_lr not in self.adam_lrs:
+                    raise ValueError(
+                        f"analog_adam_lr {self.analog_adam_lr} must be one of "
+                        f"adam_lrs {self.adam_lrs}"
+                    )
+                self.analog_reg("asymmetric_signgd")
+
+    def analog_reg(self, kernel: str) -> float:
+        """The entry of ``kernel_regs`` that is the kernel analog of the fixed
+        fine-tuning run: :math:`1/(cT)` for the eNTK, ``analog_signgd_reg`` for the
+        asymmetric SignGD kernel."""
+        target = (
+            1.0 / (self.analog_lr_scale * self.steps)
+            if kernel == "sgd"
+            else self.analog_signgd_reg
+        )
+        for reg in self.kernel_regs:
+            if math.isclose(reg, target, rel_tol=1e-9):
+                return reg
+        raise ValueError(
+            f"kernel_regs {self.kernel_regs} must contain the {kernel} analog ridge "
+            f"{target:.6g}"
+        )
 
 
 #: The methods of :func:`run_kernel_experiment`, by setting.
@@ -553,11 +615,13 @@ class KernelExperiment:
     dynamics: dict = field(default_factory=dict)
     by_lr: dict = field(default_factory=dict)
     example: dict = field(default_factory=dict)
+    diverged: dict = field(default_factory=dict)
 
 
 def _kernel_fits(j, f0, y, regs, names) -> dict:
     """Kernel logistic regression for each kernel in ``names``, ridge chosen on the
-    validation split. ``j``, ``f0``, ``y``: dicts with keys train/val/test."""
+    validation split. ``j``, ``f0``, ``y``: dicts with keys train/val/test. Returns
+    ``{name: (test accuracy, chosen ridge)}`` and ``{name: {ridge: test accuracy}}``."""
     from ..theory.kernels import (
         fit_kernel_logistic,
         kernel_predict,
@@ -571,7 +635,7 @@ def _kernel_fits(j, f0, y, regs, names) -> dict:
         split: kernels_from_jacobians(j[split], j["train"], kernels=names)
         for split in ("val", "test")
     }
-    out = {}
+    out, every = {}, {}
     for name in names:
         if name == "sgd":
             k, pen, scale = k_tr["sgd"], None, k_tr["sgd"]
@@ -590,7 +654,10 @@ def _kernel_fits(j, f0, y, regs, names) -> dict:
             cands.append(_scored(f_val, y["val"], test=f_te, reg=reg))
         best = _select(cands)
         out[name] = (sign_accuracy(best["test"].float(), y["test"]), best["reg"])
-    return out
+        every[name] = {
+            c["reg"]: sign_accuracy(c["test"].float(), y["test"]) for c in cands
+        }
+    return out, every
 
 
 def kernel_behaviour(
@@ -669,13 +736,20 @@ def _fine_tune_grid(model0, data, x_key, configs, seed, *, dynamics=None):
     ``dynamics`` (a dict of Jacobians and outputs at theta_0) is given."""
     cands = []
     for value, ft_config in configs:
-        tuned = fine_tune_logistic(
-            model0, getattr(data["train"], x_key), data["train"].y, ft_config, seed=seed
-        )
-        f_val = outputs(tuned, getattr(data["val"], x_key))
-        cand = _scored(f_val, data["val"].y, value=value, model=tuned)
-        diverged = not all(bool(torch.isfinite(p).all()) for p in tuned.parameters())
-        if diverged:  # a learning rate too large for this run: chance, no dynamics
+        try:
+            tuned = fine_tune_logistic(
+                model0,
+                getattr(data["train"], x_key),
+                data["train"].y,
+                ft_config,
+                seed=seed,
+            )
+        except FineTuneDiverged:
+            tuned = None
+        diverged = tuned is None
+        if diverged:  # a learning rate too large for this run: dropped and counted
+            cand = {"val_acc": -1.0, "val_loss": math.inf, "value": value}
+            cand["diverged"] = True
             f_te = torch.zeros(data["test"].y.shape[0])
             cand["test"] = f_te
             if dynamics is not None:
@@ -686,7 +760,11 @@ def _fine_tune_grid(model0, data, x_key, configs, seed, *, dynamics=None):
                     "f_ft": f_te,
                     "f_lin": f_te,
                 }
-        elif dynamics is None:
+            cands.append(cand)
+            continue
+        f_val = outputs(tuned, getattr(data["val"], x_key))
+        cand = _scored(f_val, data["val"].y, value=value, model=tuned)
+        if dynamics is None:
             cand["test"] = outputs(tuned, getattr(data["test"], x_key))
         else:
             stats = kernel_behaviour(
@@ -715,8 +793,18 @@ def _one_run(mlm, lang, k, seed, config, test, prompt_test, z_test, bow_test):
         "test": test,
     }
     y = {split: d.y for split, d in data.items()}
-    acc, chosen, dyn, by_lr, example = {}, {}, {}, {}, {}
+    acc, chosen, dyn, by_lr, example, diverged = {}, {}, {}, {}, {}, {}
     seed_everything(seed)
+
+    def count_diverged(setting, method, cands):
+        diverged[(setting, method)] = sum(bool(c.get("diverged")) for c in cands)
+
+    def analog(cands, value):
+        """Test accuracy of the grid candidate at ``value`` (it must not diverge)."""
+        (cand,) = [c for c in cands if c["value"] == value]
+        if cand.get("diverged"):
+            raise FineTuneDiverged("the analog run", float(value), -1, "its output")
+        return sign_accuracy(cand["test"], test.y)
 
     def sgd_configs(j_train):
         mean_diag = float(j_train.pow(2).sum(1).mean())
@@ -726,6 +814,7 @@ def _one_run(mlm, lang, k, seed, config, test, prompt_test, z_test, bow_test):
         ]
 
     def record_sgd(setting, cands):
+        count_diverged(setting, "SGD-FT", cands)
         best = _select(cands)
         acc[(setting, "SGD-FT")] = sign_accuracy(best["test"], test.y)
         chosen[(setting, "SGD-FT")] = best["value"]
@@ -750,7 +839,7 @@ def _one_run(mlm, lang, k, seed, config, test, prompt_test, z_test, bow_test):
     acc[("prompt", "zero-shot")] = sign_accuracy(f0_te, test.y)
     everything = config.methods == "all"
     names = ("sgd", "asymmetric_signgd", "signgd") if everything else ("sgd",)
-    fits = _kernel_fits(j, f0, y, config.kernel_regs, names)
+    fits, every_fit = _kernel_fits(j, f0, y, config.kernel_regs, names)
     for name, method in (
         ("sgd", "K-SGD"),
         ("asymmetric_signgd", "K-A-SignGD"),
@@ -763,12 +852,24 @@ def _one_run(mlm, lang, k, seed, config, test, prompt_test, z_test, bow_test):
         prompt0, data, "x_prompt", sgd_configs(j["train"]), seed, dynamics=dynamics
     )
     record_sgd("prompt", cands)
+    fixed = config.analog_lr_scale
+    if fixed is not None:  # the run at c and its own kernel analog, no validation
+        acc[("prompt", "SGD-FT, fixed c")] = analog(cands, fixed)
+        acc[("prompt", "K-SGD, analog ridge")] = every_fit["sgd"][
+            config.analog_reg("sgd")
+        ]
     if everything:
         adam = [
             (lr, LogisticFineTuneConfig("adam", lr, config.steps))
             for lr in config.adam_lrs
         ]
         cands = _fine_tune_grid(prompt0, data, "x_prompt", adam, seed)
+        count_diverged("prompt", "Adam-FT", cands)
+        if fixed is not None:
+            acc[("prompt", "Adam-FT, fixed lr")] = analog(cands, config.analog_adam_lr)
+            acc[("prompt", "K-A-SignGD, analog ridge")] = every_fit[
+                "asymmetric_signgd"
+            ][config.analog_reg("asymmetric_signgd")]
         best = _select(cands)
         acc[("prompt", "Adam-FT")] = sign_accuracy(best["test"], test.y)
         chosen[("prompt", "Adam-FT")] = best["value"]
@@ -789,6 +890,7 @@ def _one_run(mlm, lang, k, seed, config, test, prompt_test, z_test, bow_test):
             sgd_configs(jacobian(lora, data["train"].x_prompt)),
             seed,
         )
+        count_diverged("prompt", "LoRA-SGD-FT", cands)
         best = _select(cands)
         acc[("prompt", "LoRA-SGD-FT")] = sign_accuracy(best["test"], test.y)
         chosen[("prompt", "LoRA-SGD-FT")] = best["value"]
@@ -809,7 +911,7 @@ def _one_run(mlm, lang, k, seed, config, test, prompt_test, z_test, bow_test):
     for split in ("train", "val", "test"):
         j[split] = jacobian(std0, data[split].x_plain)
         f0[split] = outputs(std0, data[split].x_plain)
-    fits = _kernel_fits(j, f0, y, config.kernel_regs, ("sgd",))
+    fits, _ = _kernel_fits(j, f0, y, config.kernel_regs, ("sgd",))
     acc[("standard", "K-SGD")], chosen[("standard", "K-SGD")] = fits["sgd"]
     dynamics = {"j_te": j["test"], "j_tr0": j["train"], "f0_te": f0["test"]}
     cands = _fine_tune_grid(
@@ -828,7 +930,7 @@ def _one_run(mlm, lang, k, seed, config, test, prompt_test, z_test, bow_test):
         (bow_test.double() @ fit["w"] + fit["b"]).float(), test.y
     )
     chosen[("bag of words", "LR")] = fit["reg"]
-    return acc, chosen, dyn, by_lr, example
+    return acc, chosen, dyn, by_lr, example, diverged
 
 
 def _key(*parts) -> str:
@@ -866,12 +968,21 @@ def run_kernel_experiment(
         )
         z_test = outputs(mlm.hidden, test.x_plain)[:, 0]
         bow_test = lang.bag_of_words(test.words)
-        entry = {"accuracy": {}, "chosen": {}, "dynamics": {}, "by_lr": {}}
+        entry = {
+            "accuracy": {},
+            "chosen": {},
+            "dynamics": {},
+            "by_lr": {},
+            "diverged": {},
+        }
         runs = [(k, seed) for k in config.shots for seed in config.seeds]
         for k, seed in progress(runs, total=len(runs), desc="few-shot runs"):
-            acc, chosen, dyn, by_lr, example = _one_run(
+            acc, chosen, dyn, by_lr, example, diverged = _one_run(
                 mlm, lang, k, seed, config, test, prompt_test, z_test, bow_test
             )
+            for (setting, method), n in diverged.items():
+                key = _key(setting, method, k)
+                entry["diverged"][key] = entry["diverged"].get(key, 0) + n
             for (setting, method), v in acc.items():
                 entry["accuracy"].setdefault(_key(setting, method, k), []).append(v)
             for (setting, method), v in chosen.items():
@@ -891,7 +1002,7 @@ def run_kernel_experiment(
         return entry
 
     entry = cached(
-        {"pretrain": pretrain, "experiment": config, "version": 3},
+        {"pretrain": pretrain, "experiment": config},
         build,
         name="ch4_fewshot",
     )
@@ -907,6 +1018,7 @@ def run_kernel_experiment(
         dynamics={split(k): v for k, v in entry["dynamics"].items()},
         by_lr={split(k): v for k, v in entry["by_lr"].items()},
         example=entry["example"],
+        diverged={split(k): v for k, v in entry["diverged"].items()},
     )
 
 
@@ -1110,5 +1222,5 @@ def entk_accuracy(
         f0 = {"train": outputs(model, train.x_prompt), "test": f0_te}
         j["val"], f0["val"] = j["train"][:1], f0["train"][:1]
         y = {"train": train.y, "val": train.y[:1], "test": test.y}
-        out.append(_kernel_fits(j, f0, y, (reg_rel,), ("sgd",))["sgd"][0])
+        out.append(_kernel_fits(j, f0, y, (reg_rel,), ("sgd",))[0]["sgd"][0])
     return out
