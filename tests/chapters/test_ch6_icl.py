@@ -379,3 +379,16 @@ def test_prompt_example_losses_against_the_predictor_and_token_counts(tiny):
         prompt_example_losses(model, tiny, n, k, n_prompts=2, seed=0, epsilon=eps)
     with pytest.raises(ValueError, match="epsilon"):
         prompt_example_losses(model, tiny, 1, 2, n_prompts=2, seed=0, epsilon=0.0)
+
+
+def test_paper_training_options_validate_and_schedule():
+    from fmlab.chapters.ch6_icl import GINCPretrainConfig, lr_schedule
+
+    with pytest.raises(ValueError, match="corpus_jump"):
+        GINCPretrainConfig(corpus_jump=0.05)  # jumps need corpus = "documents"
+    with pytest.raises(ValueError, match="schedule"):
+        GINCPretrainConfig(schedule="step")
+    GINCPretrainConfig(corpus="documents", corpus_jump=0.05, schedule="linear")
+    factors = [lr_schedule(s, steps=10, warmup=2, kind="linear") for s in range(10)]
+    assert factors[:2] == [0.5, 1.0] and factors[-1] == pytest.approx(1 / 8)
+    assert all(a >= b for a, b in zip(factors[1:], factors[2:]))

@@ -85,7 +85,16 @@ class GINCPretrainConfig:
     the weight matrices) on ``batch_size`` random windows of ``window + 1`` tokens of
     the corpus (the model reads ``window`` tokens and predicts each next one); the
     learning rate rises linearly to ``lr`` over ``warmup`` steps and then follows a
-    cosine down to ``lr / 10`` (:func:`lr_schedule`); the gradient norm is clipped at 1.
+    cosine down to ``lr / 10`` (``schedule = "cosine"``) or falls linearly to 0
+    (``"linear"``, the schedule of the GINC paper's runs; :func:`lr_schedule`); the
+    gradient norm is clipped at 1.
+
+    The corpus: ``corpus = "stream"`` is :meth:`GINC.pretraining_corpus`, the documents
+    joined by delimiters, and a window may straddle two documents; ``"documents"``
+    draws every window inside one document, with no delimiter, as the paper's runs do.
+    ``corpus_jump > 0`` (documents only) draws the documents from the smoothed HMMs
+    (:meth:`GINC.sample_jump_documents`): a random state jump with that probability per
+    token.
     """
 
     world: GINCConfig = GINC_PRESETS["cpu"]
@@ -102,6 +111,9 @@ class GINCPretrainConfig:
     warmup: int = 50
     weight_decay: float = 0.0
     seed: int = 0
+    schedule: str = "cosine"
+    corpus: str = "stream"
+    corpus_jump: float = 0.0
 
     def __post_init__(self):
         if not isinstance(self.world, GINCConfig):
@@ -125,6 +137,11 @@ class GINCPretrainConfig:
         check_int("warmup", self.warmup, minimum=0, maximum=self.steps)
         check_float("weight_decay", self.weight_decay, minimum=0.0)
         check_int("seed", self.seed, minimum=0)
+        check_choice("schedule", self.schedule, ("cosine", "linear"))
+        check_choice("corpus", self.corpus, ("stream", "documents"))
+        check_float("corpus_jump", self.corpus_jump, minimum=0.0, maximum=1.0)
+        if self.corpus_jump > 0 and self.corpus != "documents":
+            raise ValueError('corpus_jump > 0 needs corpus = "documents"')
 
     @property
     def tokens_seen(self) -> int:
@@ -158,15 +175,22 @@ def build_model(cfg: GINCPretrainConfig) -> nn.Module:
     )
 
 
-def lr_schedule(step: int, *, steps: int, warmup: int, floor: float = 0.1) -> float:
+def lr_schedule(
+    step: int, *, steps: int, warmup: int, floor: float = 0.1, kind: str = "cosine"
+) -> float:
     """The learning-rate multiplier at ``step`` (0-based): linear warm-up over
-    ``warmup`` steps to 1, then a cosine from 1 down to ``floor`` at the last step."""
+    ``warmup`` steps to 1, then a cosine from 1 down to ``floor`` at the last step
+    (``kind = "cosine"``), or a straight line from 1 down to 0 at ``steps``
+    (``"linear"``)."""
     steps = check_int("steps", steps, minimum=1)
     warmup = check_int("warmup", warmup, minimum=0, maximum=steps)
     step = check_int("step", step, minimum=0, maximum=steps - 1)
     floor = check_float("floor", floor, minimum=0.0, maximum=1.0)
+    check_choice("kind", kind, ("cosine", "linear"))
     if step < warmup:
         return (step + 1) / warmup
+    if kind == "linear":
+        return (steps - step) / max(1, steps - warmup)
     progress_ = (step - warmup) / max(1, steps - 1 - warmup)
     return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress_))
 
@@ -178,11 +202,14 @@ def _windows(corpus: torch.Tensor, starts: torch.Tensor, length: int) -> torch.T
 def _train(cfg: GINCPretrainConfig) -> dict:
     seed_everything(cfg.seed)
     world = GINC(cfg.world)
-    corpus = world.pretraining_corpus()
-    if len(corpus) <= cfg.window + 1:
+    if cfg.corpus == "stream":
+        corpus = world.pretraining_corpus()
+    else:
+        corpus = world.pretraining_documents(jump=cfg.corpus_jump)
+    if corpus.shape[-1] <= cfg.window + 1:
         raise ValueError(
-            f"the corpus ({len(corpus)} tokens) is shorter than window + 1 = "
-            f"{cfg.window + 1}"
+            f"the corpus ({corpus.shape[-1]} tokens per sequence) is shorter than "
+            f"window + 1 = {cfg.window + 1}"
         )
     model = build_model(cfg)
     matrices = [p for p in model.parameters() if p.ndim >= 2]
@@ -198,7 +225,7 @@ def _train(cfg: GINCPretrainConfig) -> dict:
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt,
         lambda s: lr_schedule(
-            min(s, cfg.steps - 1), steps=cfg.steps, warmup=cfg.warmup
+            min(s, cfg.steps - 1), steps=cfg.steps, warmup=cfg.warmup, kind=cfg.schedule
         ),
     )
     g = make_generator(cfg.seed + 10_000)
@@ -211,13 +238,20 @@ def _train(cfg: GINCPretrainConfig) -> dict:
         total=cfg.steps,
         desc=f"pretraining a {cfg.arch} on GINC (seed {cfg.seed})",
     ):
-        x = _windows(
-            corpus,
-            torch.randint(
+        if cfg.corpus == "stream":
+            starts = torch.randint(
                 0, len(corpus) - cfg.window - 1, (cfg.batch_size,), generator=g
-            ),
-            cfg.window + 1,
-        )
+            )
+            x = _windows(corpus, starts, cfg.window + 1)
+        else:  # a window inside one document: a document, then a start in it
+            n_docs, length = corpus.shape
+            doc = torch.randint(0, n_docs, (cfg.batch_size,), generator=g)
+            first = torch.randint(
+                0, length - cfg.window, (cfg.batch_size,), generator=g
+            )
+            x = corpus[
+                doc.unsqueeze(1), first.unsqueeze(1) + torch.arange(cfg.window + 1)
+            ]
         loss = F.cross_entropy(model(x[:, :-1]).reshape(-1, V), x[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
