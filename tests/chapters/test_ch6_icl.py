@@ -381,14 +381,57 @@ def test_prompt_example_losses_against_the_predictor_and_token_counts(tiny):
         prompt_example_losses(model, tiny, 1, 2, n_prompts=2, seed=0, epsilon=0.0)
 
 
-def test_paper_training_options_validate_and_schedule():
-    from fmlab.chapters.ch6_icl import GINCPretrainConfig, lr_schedule
+def test_linear_lr_schedule_warms_up_then_decays_to_zero():
+    steps, warmup = 100, 15
+    lrs = [
+        lr_schedule(s, steps=steps, warmup=warmup, linear=True) for s in range(steps)
+    ]
+    assert lrs[:warmup] == pytest.approx([(s + 1) / warmup for s in range(warmup)])
+    assert lrs[warmup] == pytest.approx(1.0)
+    assert lrs[warmup + 17] == pytest.approx((steps - warmup - 17) / (steps - warmup))
+    assert lrs[-1] == pytest.approx(1 / (steps - warmup)) and min(lrs) > 0
 
-    with pytest.raises(ValueError, match="corpus_jump"):
-        GINCPretrainConfig(corpus_jump=0.05)  # jumps need corpus = "documents"
-    with pytest.raises(ValueError, match="schedule"):
-        GINCPretrainConfig(schedule="step")
-    GINCPretrainConfig(corpus="documents", corpus_jump=0.05, schedule="linear")
-    factors = [lr_schedule(s, steps=10, warmup=2, kind="linear") for s in range(10)]
-    assert factors[:2] == [0.5, 1.0] and factors[-1] == pytest.approx(1 / 8)
-    assert all(a >= b for a, b in zip(factors[1:], factors[2:]))
+
+def _seen_log_likelihoods(world, tokens):
+    from fmlab.theory.bayes_icl import prefix_log_likelihoods
+
+    idx = world.seen_concepts
+    return prefix_log_likelihoods(
+        tokens,
+        world.transition_matrices(idx),
+        world.emission_matrix(),
+        world.start_probs[idx],
+    )[..., -1]
+
+
+def test_smoothed_documents_jump_only_when_eps_is_positive(tiny):
+    from fmlab.chapters.ch6_icl import smoothed_documents
+
+    clean = smoothed_documents(tiny, 64, 40, make_generator(0), 0.0)
+    noisy = smoothed_documents(tiny, 64, 40, make_generator(0), 0.5)
+    assert clean.shape == noisy.shape == (64, 40)
+    assert int(clean.max()) < tiny.config.vocab_size and int(clean.min()) >= 0
+    # eps = 0: every document is possible under some pretraining concept
+    assert torch.isfinite(_seen_log_likelihoods(tiny, clean).amax(1)).all()
+    # eps = 0.5: random jumps make the documents less likely under the concepts
+    clean_ll = _seen_log_likelihoods(tiny, clean).logsumexp(1).mean()
+    assert _seen_log_likelihoods(tiny, noisy).logsumexp(1).mean() < clean_ll - 5
+    again = smoothed_documents(tiny, 64, 40, make_generator(0), 0.5)
+    assert torch.equal(noisy, again)
+
+
+def test_pretraining_inside_documents_with_jumps(tmp_path, monkeypatch, tiny):
+    monkeypatch.setenv("FMLAB_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("FMLAB_PROGRESS", "0")
+    cfg = replace(
+        _tiny_pretraining(tiny, steps=3),
+        schedule="linear",
+        corpus="documents",
+        corpus_eps=0.05,
+    )
+    run = pretrain_ginc_lm(cfg)
+    assert run["losses"].shape == (3,) and math.isfinite(run["val_loss"])
+    with pytest.raises(ValueError, match="corpus_eps"):
+        replace(cfg, corpus="stream")
+    with pytest.raises(ValueError):
+        replace(cfg, schedule="step")

@@ -508,20 +508,3 @@ def test_invalid_arguments_name_the_argument(tiny):
         )
     with pytest.raises(ValueError, match="tokens"):
         LSTMLanguageModel(5)(torch.full((1, 2), 7))
-
-
-def test_jump_documents_follow_the_smoothed_chains():
-    from fmlab.data.ginc import GINC, ginc_preset
-
-    world = GINC(ginc_preset("cpu", n_documents=4, document_length=200))
-    g = torch.Generator().manual_seed(0)
-    tokens = world.sample_jump_documents(50, 40, g, jump=0.0)
-    assert tokens.shape == (50, 40)
-    docs = world.pretraining_documents()
-    assert docs.shape == (4, 200)
-    # with jump = 1 every next state is uniform: many transitions the chains forbid
-    g = torch.Generator().manual_seed(1)
-    jumpy = world.sample_jump_documents(50, 40, g, jump=1.0)
-    assert (jumpy != tokens).float().mean() > 0.5
-    with pytest.raises(ValueError, match="jump"):
-        world.sample_jump_documents(2, 5, g, jump=1.5)

@@ -58,6 +58,7 @@ __all__ = [
     "evaluate_in_context",
     "gain_per_seed",
     "random_concept_accuracy",
+    "smoothed_documents",
     "DocumentLosses",
     "document_losses",
     "ExampleLosses",
@@ -67,6 +68,8 @@ __all__ = [
 ]
 
 _ARCHS = ("transformer", "lstm")
+_SCHEDULES = ("cosine", "linear")
+_CORPORA = ("stream", "documents")
 
 
 @dataclass(frozen=True)
@@ -85,16 +88,17 @@ class GINCPretrainConfig:
     the weight matrices) on ``batch_size`` random windows of ``window + 1`` tokens of
     the corpus (the model reads ``window`` tokens and predicts each next one); the
     learning rate rises linearly to ``lr`` over ``warmup`` steps and then follows a
-    cosine down to ``lr / 10`` (``schedule = "cosine"``) or falls linearly to 0
-    (``"linear"``, the schedule of the GINC paper's runs; :func:`lr_schedule`); the
-    gradient norm is clipped at 1.
+    cosine down to ``lr / 10`` (:func:`lr_schedule`); the gradient norm is clipped at 1.
+    ``schedule = "linear"`` decays linearly to 0 after the warm-up instead (the
+    schedule of Xie et al. 2022).
 
-    The corpus: ``corpus = "stream"`` is :meth:`GINC.pretraining_corpus`, the documents
-    joined by delimiters, and a window may straddle two documents; ``"documents"``
-    draws every window inside one document, with no delimiter, as the paper's runs do.
-    ``corpus_jump > 0`` (documents only) draws the documents from the smoothed HMMs
-    (:meth:`GINC.sample_jump_documents`): a random state jump with that probability per
-    token.
+    Corpus: ``corpus = "stream"`` reads windows anywhere in the world's flat corpus
+    (documents joined by the delimiter, so a window may straddle two documents);
+    ``corpus = "documents"`` reads every window inside one document, with no
+    separator (as Xie et al. 2022). ``corpus_eps > 0`` (documents only) draws the
+    documents from the eps-smoothed HMMs: at each token, with probability
+    ``corpus_eps``, the hidden state jumps to a uniformly random state
+    (:func:`smoothed_documents`), a departure from the paper's data.
     """
 
     world: GINCConfig = GINC_PRESETS["cpu"]
@@ -113,7 +117,7 @@ class GINCPretrainConfig:
     seed: int = 0
     schedule: str = "cosine"
     corpus: str = "stream"
-    corpus_jump: float = 0.0
+    corpus_eps: float = 0.0
 
     def __post_init__(self):
         if not isinstance(self.world, GINCConfig):
@@ -137,11 +141,11 @@ class GINCPretrainConfig:
         check_int("warmup", self.warmup, minimum=0, maximum=self.steps)
         check_float("weight_decay", self.weight_decay, minimum=0.0)
         check_int("seed", self.seed, minimum=0)
-        check_choice("schedule", self.schedule, ("cosine", "linear"))
-        check_choice("corpus", self.corpus, ("stream", "documents"))
-        check_float("corpus_jump", self.corpus_jump, minimum=0.0, maximum=1.0)
-        if self.corpus_jump > 0 and self.corpus != "documents":
-            raise ValueError('corpus_jump > 0 needs corpus = "documents"')
+        check_choice("schedule", self.schedule, _SCHEDULES)
+        check_choice("corpus", self.corpus, _CORPORA)
+        check_float("corpus_eps", self.corpus_eps, minimum=0.0, maximum=1.0)
+        if self.corpus_eps > 0 and self.corpus != "documents":
+            raise ValueError('corpus_eps > 0 needs corpus = "documents"')
 
     @property
     def tokens_seen(self) -> int:
@@ -176,21 +180,19 @@ def build_model(cfg: GINCPretrainConfig) -> nn.Module:
 
 
 def lr_schedule(
-    step: int, *, steps: int, warmup: int, floor: float = 0.1, kind: str = "cosine"
+    step: int, *, steps: int, warmup: int, floor: float = 0.1, linear: bool = False
 ) -> float:
     """The learning-rate multiplier at ``step`` (0-based): linear warm-up over
     ``warmup`` steps to 1, then a cosine from 1 down to ``floor`` at the last step
-    (``kind = "cosine"``), or a straight line from 1 down to 0 at ``steps``
-    (``"linear"``)."""
+    (or, with ``linear=True``, a straight line from 1 down to 0 at ``steps``)."""
     steps = check_int("steps", steps, minimum=1)
     warmup = check_int("warmup", warmup, minimum=0, maximum=steps)
     step = check_int("step", step, minimum=0, maximum=steps - 1)
     floor = check_float("floor", floor, minimum=0.0, maximum=1.0)
-    check_choice("kind", kind, ("cosine", "linear"))
     if step < warmup:
         return (step + 1) / warmup
-    if kind == "linear":
-        return (steps - step) / max(1, steps - warmup)
+    if linear:
+        return max(0.0, (steps - step) / max(1, steps - warmup))
     progress_ = (step - warmup) / max(1, steps - 1 - warmup)
     return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress_))
 
@@ -199,17 +201,77 @@ def _windows(corpus: torch.Tensor, starts: torch.Tensor, length: int) -> torch.T
     return corpus[starts.unsqueeze(1) + torch.arange(length)]
 
 
+def smoothed_documents(
+    world: GINC, n: int, length: int, g: torch.Generator, eps: float
+) -> torch.Tensor:
+    """``n`` documents of ``length`` tokens ``(n, length)`` from the seen concepts'
+    eps-smoothed HMMs: each step follows the concept's transitions, except that with
+    probability ``eps`` the next hidden state is drawn uniformly from all states (the
+    transition matrix ``(1 - eps) T_c + eps / H`` the smoothed Bayes predictor
+    assumes). ``eps = 0`` gives the world's own documents in distribution."""
+    n = check_int("n", n, minimum=1)
+    length = check_int("length", length, minimum=1)
+    eps = check_float("eps", eps, minimum=0.0, maximum=1.0)
+    c = world.config
+    P, H = c.n_properties, c.n_states
+    pool = world.seen_concepts
+    concept = pool[torch.randint(len(pool), (n,), generator=g)]
+    first = torch.rand(n, generator=g, dtype=torch.float64).unsqueeze(1)
+    h = torch.searchsorted(world.start_probs[concept].cumsum(1), first, right=True)
+    h = h.squeeze(1).clamp_(max=H - 1)
+    e, s = h // P, h % P
+    cdf_e = world.entity_transition.cumsum(1)
+    cdf_p = world.property_transitions.cumsum(2)
+    u = torch.rand(max(length - 1, 0), 4, n, generator=g, dtype=torch.float64)
+    target = torch.randint(0, H, (max(length - 1, 0), n), generator=g)
+
+    def draw(cdf, v):
+        i = torch.searchsorted(cdf, v.unsqueeze(1), right=True).squeeze(1)
+        return i.clamp_(max=cdf.shape[1] - 1)
+
+    states = [e * P + s]
+    for t in range(length - 1):
+        e, s = draw(cdf_e[e], u[t, 0]), draw(cdf_p[concept, s], u[t, 1])
+        jump = u[t, 2] < eps
+        e = torch.where(jump, target[t] // P, e)
+        s = torch.where(jump, target[t] % P, s)
+        states.append(e * P + s)
+    return world.state_tokens[torch.stack(states, 1)]
+
+
+def _corpus(cfg: GINCPretrainConfig, world: GINC) -> torch.Tensor:
+    if cfg.corpus == "stream":
+        return world.pretraining_corpus()
+    c = world.config
+    g = make_generator(c.corpus_seed)
+    if cfg.corpus_eps > 0:
+        return smoothed_documents(
+            world, c.n_documents, c.document_length, g, cfg.corpus_eps
+        )
+    return world.sample_documents(c.n_documents, c.document_length, g).tokens
+
+
+def _draw_windows(corpus: torch.Tensor, cfg, g: torch.Generator) -> torch.Tensor:
+    """``batch_size`` windows of ``window + 1`` tokens: anywhere in a flat stream, or
+    (a 2-D corpus of documents) each inside one document."""
+    length = cfg.window + 1
+    if corpus.ndim == 1:
+        starts = torch.randint(0, len(corpus) - length, (cfg.batch_size,), generator=g)
+        return _windows(corpus, starts, length)
+    N, L = corpus.shape
+    d = torch.randint(0, N, (cfg.batch_size,), generator=g)
+    s = torch.randint(0, L - length + 1, (cfg.batch_size,), generator=g)
+    return corpus[d.unsqueeze(1), s.unsqueeze(1) + torch.arange(length)]
+
+
 def _train(cfg: GINCPretrainConfig) -> dict:
     seed_everything(cfg.seed)
     world = GINC(cfg.world)
-    if cfg.corpus == "stream":
-        corpus = world.pretraining_corpus()
-    else:
-        corpus = world.pretraining_documents(jump=cfg.corpus_jump)
+    corpus = _corpus(cfg, world)
     if corpus.shape[-1] <= cfg.window + 1:
         raise ValueError(
-            f"the corpus ({corpus.shape[-1]} tokens per sequence) is shorter than "
-            f"window + 1 = {cfg.window + 1}"
+            f"the corpus ({len(corpus)} tokens) is shorter than window + 1 = "
+            f"{cfg.window + 1}"
         )
     model = build_model(cfg)
     matrices = [p for p in model.parameters() if p.ndim >= 2]
@@ -225,7 +287,10 @@ def _train(cfg: GINCPretrainConfig) -> dict:
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt,
         lambda s: lr_schedule(
-            min(s, cfg.steps - 1), steps=cfg.steps, warmup=cfg.warmup, kind=cfg.schedule
+            min(s, cfg.steps - 1),
+            steps=cfg.steps,
+            warmup=cfg.warmup,
+            linear=cfg.schedule == "linear",
         ),
     )
     g = make_generator(cfg.seed + 10_000)
@@ -238,20 +303,7 @@ def _train(cfg: GINCPretrainConfig) -> dict:
         total=cfg.steps,
         desc=f"pretraining a {cfg.arch} on GINC (seed {cfg.seed})",
     ):
-        if cfg.corpus == "stream":
-            starts = torch.randint(
-                0, len(corpus) - cfg.window - 1, (cfg.batch_size,), generator=g
-            )
-            x = _windows(corpus, starts, cfg.window + 1)
-        else:  # a window inside one document: a document, then a start in it
-            n_docs, length = corpus.shape
-            doc = torch.randint(0, n_docs, (cfg.batch_size,), generator=g)
-            first = torch.randint(
-                0, length - cfg.window, (cfg.batch_size,), generator=g
-            )
-            x = corpus[
-                doc.unsqueeze(1), first.unsqueeze(1) + torch.arange(cfg.window + 1)
-            ]
+        x = _draw_windows(corpus, cfg, g)
         loss = F.cross_entropy(model(x[:, :-1]).reshape(-1, V), x[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -423,57 +423,6 @@ class GINC:
         states = self._run_chains(h0 // P, h0 % P, concept, length - 1, generator)
         return Documents(self.state_tokens[states], states, concept)
 
-    def sample_jump_documents(
-        self,
-        n: int,
-        length: int,
-        generator: torch.Generator,
-        jump: float,
-        concepts="seen",
-    ) -> torch.Tensor:
-        r"""``n`` documents of ``length`` tokens of the :math:`\varepsilon`-smoothed
-        HMMs, ``(n, length)`` tokens: at every step, with probability ``jump``, the next
-        hidden state is drawn uniformly from all states instead of from the concept's
-        transitions (the transitions :math:`(1-\varepsilon)T_c + \varepsilon/H` of
-        :func:`fmlab.theory.bayes_icl.smooth_transitions`, which the Bayes predictor
-        assumes). With ``jump = 0`` these are the documents of the pretraining HMMs."""
-        n = check_int("n", n, minimum=1)
-        length = check_int("length", length, minimum=1)
-        jump = check_float("jump", jump, minimum=0.0, maximum=1.0)
-        if not isinstance(generator, torch.Generator):
-            raise TypeError(
-                f"generator must be a torch.Generator, got {type(generator).__name__}"
-            )
-        P, H = self.config.n_properties, self.n_states
-        pool = self.concept_indices(concepts)
-        concept = pool[torch.randint(len(pool), (n,), generator=generator)]
-        u0 = torch.rand(n, generator=generator, dtype=torch.float64)
-        h = _categorical(self.start_probs[concept].cumsum(1), u0)
-        entity, prop = h // P, h % P
-        cdf_a = self.entity_transition.cumsum(1)
-        cdf_b = self.property_transitions.cumsum(2)
-        u = torch.rand(length - 1, 3, n, generator=generator, dtype=torch.float64)
-        target = torch.randint(0, H, (length - 1, n), generator=generator)
-        states = [entity * P + prop]
-        for t in range(length - 1):
-            entity = _categorical(cdf_a[entity], u[t, 0])
-            prop = _categorical(cdf_b[concept, prop], u[t, 1])
-            jumps = u[t, 2] < jump
-            entity = torch.where(jumps, target[t] // P, entity)
-            prop = torch.where(jumps, target[t] % P, prop)
-            states.append(entity * P + prop)
-        return self.state_tokens[torch.stack(states, dim=1)]
-
-    def pretraining_documents(self, jump: float = 0.0) -> torch.Tensor:
-        """The pretraining documents as ``(n_documents, document_length)`` tokens,
-        without delimiters (``corpus_seed`` fixes them); ``jump > 0`` draws them from
-        the smoothed HMMs instead (:meth:`sample_jump_documents`)."""
-        c = self.config
-        g = make_generator(c.corpus_seed)
-        if jump == 0:
-            return self.sample_documents(c.n_documents, c.document_length, g).tokens
-        return self.sample_jump_documents(c.n_documents, c.document_length, g, jump)
-
     def pretraining_corpus(self) -> torch.Tensor:
         """The pretraining token stream: ``n_documents`` documents from the seen
         concepts, each followed by a delimiter, concatenated (``corpus_seed`` fixes
