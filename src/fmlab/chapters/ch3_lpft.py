@@ -14,8 +14,10 @@ labelled ID examples, :math:`\\ell(z, y) = -\\sum_c q_c
 * **FT** trains :math:`\\theta` and a randomly initialised head together (full-batch SGD
   with momentum on the same loss, :func:`fine_tune_classifier`).
 * **LP-FT** runs the same fine-tuning from the LP head.
+* **Scratch**, the baseline without pretraining, runs it from a freshly initialised
+  encoder and head.
 
-Every hyper-parameter (:math:`\\lambda` for LP, the learning rate for FT and LP-FT) is
+Every hyper-parameter (:math:`\\lambda` for LP, the learning rates of the others) is
 chosen by one rule, :func:`select_by_validation`: the highest ID validation accuracy,
 ties going to the more conservative value.
 
@@ -23,8 +25,11 @@ The *feature change* of an input is
 :math:`\\lVert\\phi_{\\text{after}}(x) - \\phi_{\\text{before}}(x)\\rVert_2`;
 :func:`feature_change` averages it over a set of inputs, and
 :func:`matched_loss_change_ratio` compares FT with LP-FT at the same training loss.
-:func:`run_lpft_experiment` runs LP, FT and LP-FT on many seeds; the chapter's
-figures are drawn by :mod:`fmlab.chapters.ch3_figures`.
+:func:`run_lpft_experiment` runs the four methods on many seeds' worlds
+(:class:`~fmlab.data.shift.StyleShiftWorld`, whose styles may overlap by an angle
+:math:`a`), and :func:`overlap_sweep` at several angles; the chapter's figures are drawn
+by :mod:`fmlab.chapters.ch3_figures`, its linear theory is in
+:mod:`fmlab.chapters.ch3_linear`.
 """
 
 from __future__ import annotations
