@@ -22,7 +22,6 @@ ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 NOT_YET_CONVERTED = {
-    "03-lp-vs-ft",
     "04-kernel-view",
     "05-implicit-bias",
     "06-in-context-learning",

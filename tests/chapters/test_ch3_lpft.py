@@ -9,14 +9,14 @@ import torch.nn.functional as F
 from scipy.optimize import minimize
 from torch import nn
 
-from fmlab.chapters.ch3_figures import (
-    plot_feature_change,
-    plot_learning_rate,
-    plot_lpft_accuracies,
-)
+import fmlab
+from fmlab.chapters import ch3_figures as fig3
+from fmlab.chapters import ch3_linear as lin3
+from fmlab.chapters.ch3_figures import plot_feature_change, plot_learning_rate
 from fmlab.chapters.ch3_lpft import (
     METHODS,
     LPFTConfig,
+    at_angle,
     build_encoder,
     classifier_accuracy,
     feature_change,
@@ -26,7 +26,9 @@ from fmlab.chapters.ch3_lpft import (
     layer_feature_change,
     linear_head,
     matched_loss_change_ratio,
+    overlap_sweep,
     pretrain_encoder,
+    pretrain_encoders,
     random_head,
     run_lpft_experiment,
     select_by_validation,
@@ -331,9 +333,15 @@ TINY = LPFTConfig(
     ft_steps=20,
     lrs=(1e-3, 1e-2, 1e-1),
     l2s=(1e-3, 1e-1),
+    scratch_lrs=(1e-2, 1e-1),
+    scratch_steps=20,
     seeds=(0, 1),
     n_track=50,
     track_every=10,
+)
+# the same with overlapping styles: (J + 1) p = 20 input dimensions
+TINY_OVERLAP = at_angle(
+    TINY, 60.0, world=StyleShiftConfig(dim_input=20, dim_content=4, n_types=8)
 )
 
 
@@ -368,7 +376,7 @@ def test_run_lpft_experiment_is_consistent_and_cached(tiny_cache):
             order = order[::-1] if m == "lp" else order
             assert j == select_by_validation(sweep[s, :, 0].tolist(), order)
             assert torch.equal(res["acc"][m][s], sweep[s, j, 1:])
-            grid = TINY.l2s if m == "lp" else TINY.lrs
+            grid = {"lp": TINY.l2s, "scratch": TINY.scratch_lrs}.get(m, TINY.lrs)
             assert float(res["chosen"][m][s]) == grid[j]
     for m in ("ft", "lpft"):
         assert res["trace"][m].shape == (S, G, R, 3)
@@ -383,16 +391,100 @@ def test_run_lpft_experiment_is_consistent_and_cached(tiny_cache):
     assert torch.equal(again["acc"]["lpft"], res["acc"]["lpft"])
 
 
+def test_pretraining_together_matches_pretraining_each_world_alone(tiny_cache):
+    """The stacked pretraining of several worlds against fmlab.train.train on each."""
+    from fmlab.repro import make_generator, seed_everything
+    from fmlab.train import train
+
+    encoders, losses = pretrain_encoders(TINY_OVERLAP, (0, 3))
+    assert losses.shape == (2, TINY_OVERLAP.pretrain_steps)
+    for k, seed in enumerate((0, 3)):
+        wcfg = TINY_OVERLAP.world.__class__(
+            **{**TINY_OVERLAP.world.__dict__, "seed": seed}
+        )
+        seed_everything(seed)
+        world = StyleShiftWorld(wcfg)
+        enc = build_encoder(TINY_OVERLAP)
+        model = nn.Sequential(enc, nn.Linear(TINY_OVERLAP.rep_dim, wcfg.n_types))
+        g = make_generator(seed + 1)
+        res = train(
+            model,
+            lambda m, b: F.cross_entropy(m(b[0]), b[1]),
+            lambda _: (lambda s: (s.x, s.types))(world.source(64, g)),
+            steps=TINY_OVERLAP.pretrain_steps,
+            lr=TINY_OVERLAP.pretrain_lr,
+        )
+        assert torch.allclose(res.losses, losses[k], atol=1e-5)
+        # the cached encoder is rescaled: compare directions of the last layer
+        w_alone, w_together = enc.net[0].weight.detach(), encoders[k].net[0].weight
+        cos = F.cosine_similarity(w_alone.flatten(), w_together.flatten(), dim=0)
+        assert float(cos) > 1 - 1e-6
+
+
+def test_overlap_moves_ood_features_through_the_overlap_only(tiny_cache):
+    res = run_lpft_experiment(TINY_OVERLAP)
+    assert res["overlap"] == pytest.approx(0.25)  # cos²(60°)
+    for m in ("ft", "lpft"):
+        # OOD features move, and the first-layer change reaches OOD inputs exactly
+        # through R_0^T R_j = cos²(a) I
+        assert float(res["change"][m][..., 1].min()) > 0
+        assert float(res["span_residual"][m].max()) < 1e-3
+    orth = run_lpft_experiment(TINY)
+    assert orth["overlap"] == 0.0
+    assert float(orth["span_residual"]["ft"].max()) < 1e-3
+
+
+def test_overlap_sweep_reuses_known_results_and_sorts_the_angles(tiny_cache):
+    known = {60.0: run_lpft_experiment(TINY_OVERLAP)}
+    sweep = overlap_sweep(TINY_OVERLAP, (90.0, 30.0), (0, 1), known=known)
+    assert list(sweep) == [30.0, 60.0, 90.0]
+    assert sweep[60.0] is known[60.0]
+    assert sweep[30.0]["overlap"] == pytest.approx(0.75)
+
+
 def test_plot_functions_draw(tiny_cache):
     import matplotlib.pyplot as plt
 
     res = run_lpft_experiment(TINY)
-    for fig in (
-        plot_lpft_accuracies(res),
-        plot_learning_rate(res, TINY.lrs, 1),
-        plot_feature_change(res),
-    ):
+    for fig in (plot_learning_rate(res, TINY.lrs, 1), plot_feature_change(res)):
         assert fig.axes
         plt.close(fig)
     with pytest.raises(ValueError, match="index"):
         plot_learning_rate(res, TINY.lrs, 5)
+    sweep = overlap_sweep(TINY_OVERLAP, (30.0, 60.0), (0, 1))
+    fig = fig3.orderings(sweep, key_angles=(60.0,))
+    assert len(fig.axes) == 2
+    plt.close(fig)
+    assert fig3.overlap_slider(sweep, initial=60.0) is not None
+    assert fig3.learning_rate_slider(res, TINY.lrs) is not None
+    assert "LP-FT" in fig3.accuracy_table({60.0: sweep[60.0]})._repr_html_()
+    eff = fmlab.SeedEffect.of([1.0, 2.0, 3.0])
+    effects = dict.fromkeys(
+        ["ft_lp_id", "lp_ft_ood", "lp_scratch_ood", "lpft_lp_ood", "lpft_lp_id"], eff
+    )
+    acc = {60.0: {m: 100 * sweep[60.0]["acc"][m] for m in METHODS}}
+    acc[30.0] = {m: 100 * sweep[30.0]["acc"][m] for m in METHODS}
+    angles = {"distortion": 60.0, "LP-FT": 30.0}
+    html = fig3.paper_table(acc, angles, effects, 20.0)._repr_html_()
+    assert "Living-17" in html and "20×" in html
+
+
+def test_linear_figures_draw():
+    import matplotlib.pyplot as plt
+
+    lin = lin3.LinearTheoryConfig(
+        feature_errors=(0.0, 0.01, 0.03, 0.1),
+        shift_angles_deg=(0.0, 45.0, 90.0),
+        seeds=(0, 1),
+        horizon=2.0,
+        n_times=5,
+        dt=0.05,
+    )
+    sweep = lin3.linear_sweep(lin)
+    fig = fig3.linear_losses(sweep, lin)
+    assert len(fig.axes) == 2
+    plt.close(fig)
+    assert fig3.linear_slider(sweep, lin, eps=(0.0, 0.03), angles=(45.0,)) is not None
+    pic = lin3.feature_picture(lin3.PictureConfig(times=(0.0, 1.0), instances=2))
+    assert pic.ends.v.shape[1] == 4  # FT and LP-FT on two instances
+    assert fig3.feature_picture_slider(pic) is not None

@@ -1,5 +1,7 @@
 """Tests of fmlab.data.shift (Chapter 3)."""
 
+import math
+
 import pytest
 import torch
 
@@ -82,3 +84,34 @@ def test_invalid_arguments_name_the_argument():
         w.sample(5, (9,), torch.Generator())
     with pytest.raises(TypeError, match="generator"):
         w.sample(5, (0,), 3)
+
+
+@pytest.mark.parametrize("angle", [0.0, 30.0, 75.0, 90.0])
+def test_overlapping_styles_have_the_stated_geometry(angle):
+    cfg = StyleShiftConfig(dim_input=20, dim_content=4, n_types=5, overlap_deg=angle)
+    w = StyleShiftWorld(cfg)
+    c2 = math.cos(math.radians(angle)) ** 2
+    eye = torch.eye(4, dtype=torch.float64)
+    for i in range(cfg.n_styles):
+        for j in range(cfg.n_styles):
+            want = eye if i == j else c2 * eye
+            assert torch.allclose(w.render[i].T @ w.render[j], want, atol=1e-12)
+    assert w.overlap() == pytest.approx(c2)
+    # an OOD input's projection on the ID span is cos²(a) times the ID rendering
+    g = torch.Generator().manual_seed(0)
+    s = w.out_of_distribution(30, g)
+    z = torch.linalg.lstsq(
+        w.render[s.styles[0]], s.x[0].double().unsqueeze(1)
+    ).solution.squeeze(1)
+    proj = w.render[0] @ (w.render[0].T @ s.x[0].double())
+    assert torch.allclose(proj, c2 * (w.render[0] @ z), atol=1e-5)
+
+
+def test_overlap_none_is_the_orthogonal_world_and_needs_room():
+    a = StyleShiftWorld(StyleShiftConfig(dim_input=20, dim_content=4))
+    b = StyleShiftWorld(StyleShiftConfig(dim_input=20, dim_content=4, overlap_deg=None))
+    assert torch.equal(a.render, b.render) and a.overlap() == 0.0
+    with pytest.raises(ValueError, match="dim_input"):
+        StyleShiftConfig(dim_input=16, dim_content=4, overlap_deg=45.0)
+    with pytest.raises(ValueError, match="overlap_deg"):
+        StyleShiftConfig(dim_input=20, dim_content=4, overlap_deg=120.0)

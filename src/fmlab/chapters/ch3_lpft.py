@@ -14,8 +14,10 @@ labelled ID examples, :math:`\\ell(z, y) = -\\sum_c q_c
 * **FT** trains :math:`\\theta` and a randomly initialised head together (full-batch SGD
   with momentum on the same loss, :func:`fine_tune_classifier`).
 * **LP-FT** runs the same fine-tuning from the LP head.
+* **Scratch**, the baseline without pretraining, runs it from a freshly initialised
+  encoder and head.
 
-Every hyper-parameter (:math:`\\lambda` for LP, the learning rate for FT and LP-FT) is
+Every hyper-parameter (:math:`\\lambda` for LP, the learning rates of the others) is
 chosen by one rule, :func:`select_by_validation`: the highest ID validation accuracy,
 ties going to the more conservative value.
 
@@ -23,8 +25,11 @@ The *feature change* of an input is
 :math:`\\lVert\\phi_{\\text{after}}(x) - \\phi_{\\text{before}}(x)\\rVert_2`;
 :func:`feature_change` averages it over a set of inputs, and
 :func:`matched_loss_change_ratio` compares FT with LP-FT at the same training loss.
-:func:`run_lpft_experiment` runs LP, FT and LP-FT on many seeds; the chapter's
-figures are drawn by :mod:`fmlab.chapters.ch3_figures`.
+:func:`run_lpft_experiment` runs the four methods on many seeds' worlds
+(:class:`~fmlab.data.shift.StyleShiftWorld`, whose styles may overlap by an angle
+:math:`a`), and :func:`overlap_sweep` at several angles; the chapter's figures are drawn
+by :mod:`fmlab.chapters.ch3_figures`, its linear theory is in
+:mod:`fmlab.chapters.ch3_linear`.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from .._validate import check_float, check_int, check_same_length, check_tensor
 from ..data.shift import StyleShiftConfig, StyleShiftWorld
 from ..models.mlp import MLP
 from ..repro import make_generator, seed_everything
-from ..train import cached, progress, train
+from ..train import cached, progress
 
 __all__ = [
     "softmax_regression",
@@ -59,16 +64,23 @@ __all__ = [
     "select_by_validation",
     "LPFTConfig",
     "build_encoder",
+    "pretrain_encoders",
     "pretrain_encoder",
+    "at_angle",
     "run_lpft_experiment",
     "feature_change_at_loss",
     "matched_loss_change_ratio",
+    "overlap_sweep",
     "METHODS",
+    "FINE_TUNED",
 ]
 
-#: The three adaptation methods, in the order the chapter lists them.
-METHODS = ("lp", "ft", "lpft")
-_NAMES = {"lp": "LP", "ft": "FT", "lpft": "LP-FT"}
+#: The three adaptation methods and the baseline trained from scratch, in the order
+#: the chapter lists them.
+METHODS = ("lp", "ft", "lpft", "scratch")
+#: The methods that fine-tune the pretrained encoder.
+FINE_TUNED = ("ft", "lpft")
+_NAMES = {"lp": "LP", "ft": "FT", "lpft": "LP-FT", "scratch": "scratch"}
 
 
 # -- linear probing -------------------------------------------------------------------
@@ -539,15 +551,20 @@ class LPFTConfig:
     bias-free first layer; ``depth = 0`` is the network of the linear theory with a
     ReLU, :math:`\\phi(x) = \\mathrm{ReLU}(Bx)`. After pretraining, its last layer is
     rescaled so that the features have average norm ``feature_norm`` on the source
-    distribution (``None``: keep the pretrained scale). ``version`` names the training
-    code: bump it when that changes, so the on-disk cache is not reused.
+    distribution (``None``: keep the pretrained scale). ``lrs`` is the learning-rate
+    grid of FT and LP-FT, ``l2s`` LP's grid of :math:`\\lambda`; the *scratch* baseline
+    (the same encoder from PyTorch's default initialisation and a random head, trained
+    like FT for ``scratch_steps`` steps) searches ``scratch_lrs``. The defaults are the
+    chapter's design (``notebooks/03-lp-vs-ft.ipynb``) at an overlap angle of 75°.
     """
 
-    world: StyleShiftConfig = field(default_factory=StyleShiftConfig)
+    world: StyleShiftConfig = field(
+        default_factory=lambda: StyleShiftConfig(dim_input=80, overlap_deg=75.0)
+    )
     depth: int = 0
     width: int = 128
     rep_dim: int = 128
-    feature_norm: float | None = 2.0
+    feature_norm: float | None = 0.5
     pretrain_steps: int = 500
     pretrain_batch: int = 256
     pretrain_lr: float = 3e-3
@@ -557,12 +574,13 @@ class LPFTConfig:
     n_test: int = 10_000
     ft_steps: int = 200
     momentum: float = 0.9
-    lrs: tuple = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
-    l2s: tuple = (1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
+    lrs: tuple = (3e-6, 1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
+    l2s: tuple = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
+    scratch_lrs: tuple = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
+    scratch_steps: int = 200
     seeds: tuple = tuple(range(10))
     n_track: int = 250
     track_every: int = 10
-    version: int = 2
 
     def __post_init__(self):
         if not isinstance(self.world, StyleShiftConfig):
@@ -579,9 +597,9 @@ class LPFTConfig:
             "n_val",
             "n_test",
             "ft_steps",
+            "scratch_steps",
             "n_track",
             "track_every",
-            "version",
         ):
             check_int(name, getattr(self, name), minimum=1)
         if self.feature_norm is not None:
@@ -589,13 +607,13 @@ class LPFTConfig:
         check_float("pretrain_lr", self.pretrain_lr, minimum=0.0, strict_min=True)
         check_float("label_smoothing", self.label_smoothing, minimum=0.0, maximum=1.0)
         check_float("momentum", self.momentum, minimum=0.0, maximum=1.0)
-        for name in ("lrs", "l2s", "seeds"):
+        for name in ("lrs", "l2s", "scratch_lrs", "seeds"):
             if not isinstance(getattr(self, name), tuple) or not getattr(self, name):
                 raise ValueError(f"{name} must be a non-empty tuple")
-        for name in ("lrs", "l2s"):
+        for name in ("lrs", "l2s", "scratch_lrs"):
             grid = getattr(self, name)
             for v in grid:
-                check_float(name, v, minimum=0.0, strict_min=name == "lrs")
+                check_float(name, v, minimum=0.0, strict_min=name != "l2s")
             if list(grid) != sorted(set(grid)):
                 raise ValueError(f"{name} must be strictly increasing, got {grid}")
         for s in self.seeds:
@@ -606,6 +624,18 @@ class LPFTConfig:
             raise ValueError(
                 f"n_track must be <= n_test, got {self.n_track} > {self.n_test}"
             )
+
+
+def at_angle(cfg: LPFTConfig, angle: float | None, **changes) -> LPFTConfig:
+    """``cfg`` with the world's overlap angle set to ``angle`` (degrees; ``None``:
+    orthogonal styles) and any other field replaced by ``changes``."""
+    if not isinstance(cfg, LPFTConfig):
+        raise TypeError(f"cfg must be a LPFTConfig, got {type(cfg).__name__}")
+    angle = None if angle is None else float(angle)
+    cfg = dataclasses.replace(cfg, **changes)
+    return dataclasses.replace(
+        cfg, world=dataclasses.replace(cfg.world, overlap_deg=angle)
+    )
 
 
 def build_encoder(cfg: LPFTConfig) -> MLP:
@@ -628,80 +658,133 @@ def build_encoder(cfg: LPFTConfig) -> MLP:
 @dataclass(frozen=True)
 class _PretrainKey:
     world: StyleShiftConfig
+    seeds: tuple
     depth: int
     width: int
     rep_dim: int
     steps: int
     batch: int
     lr: float
-    version: int
 
 
-def pretrain_encoder(cfg: LPFTConfig, seed: int) -> tuple[MLP, torch.Tensor]:
-    """Pretrain (or load from the cache) the encoder of world ``seed``.
+def _linears(model: nn.Module) -> list:
+    return [m for m in model.modules() if isinstance(m, nn.Linear)]
+
+
+def pretrain_encoders(
+    cfg: LPFTConfig, seeds: Sequence[int]
+) -> tuple[list[MLP], torch.Tensor]:
+    """Pretrain (or load from the cache) the encoders of the worlds ``seeds``.
 
     The pretraining task is to classify the object type from inputs of every style,
     with a linear head on :math:`\\phi_\\theta` and Adam on fresh mini-batches. The
+    models of all seeds are trained together, their weights stacked along a leading
+    axis and multiplied in batches; each seed keeps its own initialisation, data stream
+    and Adam state, so each follows exactly the updates of training it alone. Each
     encoder's last layer is then rescaled (a positive factor, which ReLU commutes with)
     so that the average feature norm on 4096 fresh source inputs is
-    ``cfg.feature_norm``; the cache holds the unscaled encoder, so configurations that
-    differ only in ``feature_norm`` share it. Returns the encoder (in eval mode) and
-    the mini-batch pretraining losses.
+    ``cfg.feature_norm``; the cache holds the unscaled encoders, so configurations that
+    differ only in ``feature_norm`` share them. Returns the encoders (in eval mode) and
+    the ``(S, pretrain_steps)`` mini-batch pretraining losses.
     """
     if not isinstance(cfg, LPFTConfig):
         raise TypeError(f"cfg must be a LPFTConfig, got {type(cfg).__name__}")
-    seed = check_int("seed", seed, minimum=0)
-    wcfg = dataclasses.replace(cfg.world, seed=seed)
+    seeds = tuple(check_int("seeds", s, minimum=0) for s in seeds)
+    if not seeds:
+        raise ValueError("seeds must name at least one seed")
     key = _PretrainKey(
-        wcfg,
+        dataclasses.replace(cfg.world, seed=0),
+        seeds,
         cfg.depth,
         cfg.width,
         cfg.rep_dim,
         cfg.pretrain_steps,
         cfg.pretrain_batch,
         cfg.pretrain_lr,
-        cfg.version,
     )
 
     def build():
-        seed_everything(seed)
-        world = StyleShiftWorld(wcfg)
-        encoder = build_encoder(cfg)
-        model = nn.Sequential(encoder, nn.Linear(cfg.rep_dim, wcfg.n_types))
-        g = make_generator(seed + 1)
-
-        def batch(_step):
-            s = world.source(cfg.pretrain_batch, g)
-            return s.x, s.types
-
-        def loss_fn(m, b):
-            return F.cross_entropy(m(b[0]), b[1])
-
-        res = train(
-            model,
-            loss_fn,
-            batch,
-            steps=cfg.pretrain_steps,
-            lr=cfg.pretrain_lr,
-            desc=f"pretraining (world {seed})",
-        )
+        worlds, gens, models = [], [], []
+        for seed in seeds:
+            seed_everything(seed)
+            worlds.append(StyleShiftWorld(dataclasses.replace(cfg.world, seed=seed)))
+            encoder = build_encoder(cfg)
+            models.append(
+                nn.Sequential(encoder, nn.Linear(cfg.rep_dim, cfg.world.n_types))
+            )
+            gens.append(make_generator(seed + 1))
+        layers = [_linears(m) for m in models]
+        L, S = len(layers[0]), len(seeds)
+        W = [torch.stack([ls[i].weight.detach() for ls in layers]) for i in range(L)]
+        b = [
+            None
+            if layers[0][i].bias is None
+            else torch.stack([ls[i].bias.detach() for ls in layers])
+            for i in range(L)
+        ]
+        live = [p.clone().requires_grad_(True) for p in W + b if p is not None]
+        it = iter(live)
+        W = [next(it) for _ in W]
+        b = [None if p is None else next(it) for p in b]
+        opt = torch.optim.Adam(live, lr=cfg.pretrain_lr)
+        losses = torch.empty(S, cfg.pretrain_steps)
+        for step in progress(
+            range(cfg.pretrain_steps), total=cfg.pretrain_steps, desc="pretraining"
+        ):
+            batches = [w.source(cfg.pretrain_batch, g) for w, g in zip(worlds, gens)]
+            h = torch.stack([s.x for s in batches])
+            for i in range(L):  # a ReLU after every encoder layer, none after the head
+                Wt = W[i].transpose(1, 2)
+                h = (
+                    torch.bmm(h, Wt)
+                    if b[i] is None
+                    else torch.baddbmm(b[i][:, None], h, Wt)
+                )
+                h = torch.relu(h) if i < L - 1 else h
+            per_seed = torch.stack(
+                [F.cross_entropy(h[k], s.types) for k, s in enumerate(batches)]
+            )
+            opt.zero_grad(set_to_none=True)
+            per_seed.sum().backward()
+            opt.step()
+            losses[:, step] = per_seed.detach()
+        norms = torch.zeros(S, dtype=torch.float64)
         with torch.no_grad():
-            xs = world.source(4096, make_generator(seed + 2)).x
-            norm = encoder(xs).norm(dim=1).mean()
-        return {"encoder": encoder.state_dict(), "losses": res.losses, "norm": norm}
+            for k, (seed, model) in enumerate(zip(seeds, models)):
+                for i, lin in enumerate(_linears(model)):
+                    lin.weight.copy_(W[i][k])
+                    if lin.bias is not None:
+                        lin.bias.copy_(b[i][k])
+                xs = worlds[k].source(4096, make_generator(seed + 2)).x
+                norms[k] = model[0](xs).norm(dim=1).mean()
+        return {
+            "encoders": [m[0].state_dict() for m in models],
+            "losses": losses,
+            "norms": norms,
+        }
 
-    out = cached(key, build, name="ch03_encoder")
-    enc = build_encoder(cfg)
-    enc.load_state_dict(out["encoder"])
-    if cfg.feature_norm is not None:
-        with torch.no_grad():
-            last = [m for m in enc.net if isinstance(m, nn.Linear)][-1]
-            scale = cfg.feature_norm / float(out["norm"])
-            last.weight.mul_(scale)
-            if last.bias is not None:
-                last.bias.mul_(scale)
-    enc.eval()
-    return enc, out["losses"]
+    out = cached(key, build, name="ch03_encoders")
+    encoders = []
+    for state, norm in zip(out["encoders"], out["norms"].tolist()):
+        enc = build_encoder(cfg)
+        enc.load_state_dict(state)
+        if cfg.feature_norm is not None:
+            with torch.no_grad():
+                last = _linears(enc)[-1]
+                scale = cfg.feature_norm / norm
+                last.weight.mul_(scale)
+                if last.bias is not None:
+                    last.bias.mul_(scale)
+        enc.eval()
+        encoders.append(enc)
+    return encoders, out["losses"]
+
+
+def pretrain_encoder(cfg: LPFTConfig, seed: int) -> tuple[MLP, torch.Tensor]:
+    """The encoder of world ``seed`` alone (:func:`pretrain_encoders`) and its
+    ``(pretrain_steps,)`` pretraining losses."""
+    encoders, losses = pretrain_encoders(cfg, (seed,))
+    return encoders[0], losses[0]
 
 
 def feature_change_at_loss(trace: torch.Tensor, target: float) -> float:
@@ -736,30 +819,53 @@ def matched_loss_change_ratio(
     return feature_change_at_loss(ft_trace, target) / lpft_change
 
 
+@torch.no_grad()
+def _span_residual(before: MLP, after: MLP, render: torch.Tensor, overlap: float):
+    """:math:`\\max_{j\\ge1}\\lVert\\Delta B R_j - \\cos^2(a)\\,\\Delta B R_0\\rVert_F /
+    \\lVert\\Delta B R_0\\rVert_F` for the change :math:`\\Delta B` of the first layer.
+
+    Fine-tuning on style-0 inputs changes :math:`B` only along their span, the columns
+    of :math:`R_0` (the span lemma of Chapter 3), and
+    :math:`R_0^\\top R_j = \\cos^2(a) I`, so an OOD input :math:`R_j z` sees exactly
+    :math:`\\cos^2(a)` times the first-layer change that the ID input :math:`R_0 z`
+    sees: the residual is 0 up to rounding.
+    """
+    dB = _linears(after)[0].weight - _linears(before)[0].weight  # (out, D)
+    id_part = dB @ render[0]
+    worst = max(float((dB @ r - overlap * id_part).norm()) for r in render[1:])
+    return worst / max(float(id_part.norm()), 1e-30)
+
+
 def _hits(logits, labels):
     return float((logits.argmax(1) == labels).double().mean())
 
 
 def run_lpft_experiment(cfg: LPFTConfig) -> dict:
-    """LP, FT and LP-FT on every seed's world; cached on disk by ``cfg``.
+    """LP, FT, LP-FT and the scratch baseline on every seed's world; cached on disk.
 
     For every seed: pretrain the encoder (:func:`pretrain_encoder`), draw ``n_train``
     labelled ID examples, ``n_val`` ID validation examples and ``n_test`` ID and OOD
-    test examples; run LP at every ``l2`` and FT and LP-FT at every learning rate;
-    choose each method's value by :func:`select_by_validation`. LP-FT starts from the
-    chosen LP head.
+    test examples; run LP at every ``l2``, FT and LP-FT at every learning rate and the
+    scratch baseline at every ``scratch_lrs`` value; choose each method's value by
+    :func:`select_by_validation`. LP-FT starts from the chosen LP head.
     Returns a dict of tensors (``S`` seeds, ``G`` grid values, ``R`` records):
 
     * ``acc[m]``: ``(S, 2)`` ID and OOD test accuracy at the chosen value;
     * ``chosen[m]``, ``chosen_index[m]``: ``(S,)`` the chosen value and its grid index;
     * ``sweep[m]``: ``(S, G, 3)`` validation, ID and OOD accuracy at every grid value;
-    * ``change[m]`` (FT, LP-FT): ``(S, G, 2)`` average ID and OOD feature change, and
-      ``ood_change_max[m]``: ``(S, G)`` the largest change of any OOD test input;
+    * ``change[m]`` (FT, LP-FT): ``(S, G, 2)`` average ID and OOD feature change over
+      the ``n_test`` test inputs, and ``ood_change_max[m]``: ``(S, G)`` the largest
+      change of any OOD test input;
+    * ``span_residual[m]`` (FT, LP-FT): ``(S, G)`` how far the change of the first
+      layer departs from reaching OOD inputs through the overlap alone
+      (:func:`_span_residual`; 0 up to rounding, by the span lemma of Chapter 3);
     * ``trace[m]`` (FT, LP-FT): ``(S, G, R, 3)`` training loss, ID and OOD feature
-      change at the steps ``trace_steps`` (NaN after a divergence);
+      change (on ``n_track`` test inputs) at the steps ``trace_steps`` (NaN after a
+      divergence);
     * ``lp_train_loss``: ``(S,)`` the chosen probe's training loss, ``pretrain_loss``:
-      ``(S,)`` the mean of the last 50 pretraining mini-batch losses, and
-      ``feature_norm_id``: ``(S,)`` the average feature norm of the ID test inputs.
+      ``(S,)`` the mean of the last 50 pretraining mini-batch losses,
+      ``feature_norm_id``: ``(S,)`` the average feature norm of the ID test inputs, and
+      ``overlap``: the world's :math:`\\cos^2(a)` (:meth:`StyleShiftWorld.overlap`).
     """
     if not isinstance(cfg, LPFTConfig):
         raise TypeError(f"cfg must be a LPFTConfig, got {type(cfg).__name__}")
@@ -767,6 +873,7 @@ def run_lpft_experiment(cfg: LPFTConfig) -> dict:
     def build():
         S, C, alpha = len(cfg.seeds), cfg.world.n_classes, cfg.label_smoothing
         grids = {"lp": cfg.l2s, "ft": cfg.lrs, "lpft": cfg.lrs}
+        grids["scratch"] = cfg.scratch_lrs
         f64 = torch.float64
         acc = {m: torch.zeros(S, 2, dtype=f64) for m in METHODS}
         chosen = {m: torch.zeros(S, dtype=f64) for m in METHODS}
@@ -774,43 +881,55 @@ def run_lpft_experiment(cfg: LPFTConfig) -> dict:
         sweep = {m: torch.zeros(S, len(grids[m]), 3, dtype=f64) for m in METHODS}
         G, R = len(cfg.lrs), cfg.ft_steps // cfg.track_every + 1
         R += cfg.ft_steps % cfg.track_every != 0
-        change = {m: torch.full((S, G, 2), math.nan, dtype=f64) for m in METHODS[1:]}
-        ood_max = {m: torch.full((S, G), math.nan, dtype=f64) for m in METHODS[1:]}
-        trace = {m: torch.full((S, G, R, 3), math.nan, dtype=f64) for m in METHODS[1:]}
-        trace_steps = torch.zeros(R, dtype=torch.long)
-        lp_loss, pre_loss, norm_id = (torch.zeros(S, dtype=f64) for _ in range(3))
-        for si, seed in enumerate(progress(cfg.seeds, total=S, desc="worlds")):
+        change = {m: torch.full((S, G, 2), math.nan, dtype=f64) for m in FINE_TUNED}
+        ood_max = {m: torch.full((S, G), math.nan, dtype=f64) for m in FINE_TUNED}
+        span = {m: torch.full((S, G), math.nan, dtype=f64) for m in FINE_TUNED}
+        trace = {m: torch.full((S, G, R, 3), math.nan, dtype=f64) for m in FINE_TUNED}
+        lp_loss, norm_id = torch.zeros(S, dtype=f64), torch.zeros(S, dtype=f64)
+        overlap = StyleShiftWorld(cfg.world).overlap()
+
+        # every world's encoder, pretrained together, and its data
+        encoders, pre_losses = pretrain_encoders(cfg, cfg.seeds)
+        data, renders = [], []
+        for seed in cfg.seeds:
             world = StyleShiftWorld(dataclasses.replace(cfg.world, seed=seed))
-            encoder, losses = pretrain_encoder(cfg, seed)
-            pre_loss[si] = losses[-50:].mean()
+            renders.append(world.render.float())
             g = make_generator(10_000 + seed)
-            train_s = world.in_distribution(cfg.n_train, g)
-            val_s = world.in_distribution(cfg.n_val, g)
-            id_s = world.in_distribution(cfg.n_test, g)
-            ood_s = world.out_of_distribution(cfg.n_test, g)
-            track = {"id": id_s.x[: cfg.n_track], "ood": ood_s.x[: cfg.n_track]}
+            data.append(
+                [
+                    world.in_distribution(cfg.n_train, g),
+                    world.in_distribution(cfg.n_val, g),
+                    world.in_distribution(cfg.n_test, g),
+                    world.out_of_distribution(cfg.n_test, g),
+                ]
+            )
+
+        def choose(m, si, rows, order):
+            for j, r in enumerate(rows):
+                sweep[m][si, j] = torch.tensor(r, dtype=f64)
+            best = select_by_validation([r[0] for r in rows], order)
+            acc[m][si] = sweep[m][si, best, 1:]
+            chosen[m][si] = float(grids[m][best])
+            chosen_index[m][si] = best
+            return best
+
+        @torch.no_grad()
+        def evaluate(enc, head, si, phi=None):  # val, ID, OOD accuracy; features
+            samples = data[si][1:]
+            phi = phi or [enc(s.x) for s in samples]
+            row = [_hits(head(f), s.labels) for f, s in zip(phi, samples)]
+            return row, phi[1], phi[2]
+
+        # LP: exact regularised logistic regression on frozen features, solved from
+        # the strongest regularisation down (each solve warm-starts the next)
+        lp_heads, before = [], []
+        for si in progress(range(S), total=S, desc="linear probes"):
+            train_s, encoder = data[si][0], encoders[si]
             with torch.no_grad():
                 feats = encoder(train_s.x)
-                id_before, ood_before = encoder(id_s.x), encoder(ood_s.x)
-            norm_id[si] = id_before.norm(dim=1).mean()
-
-            def evaluate(enc, head):
-                return [
-                    classifier_accuracy(enc, head, s.x, s.labels)
-                    for s in (val_s, id_s, ood_s)
-                ]
-
-            def choose(m, rows, order):
-                for j, r in enumerate(rows):
-                    sweep[m][si, j] = torch.tensor(r, dtype=f64)
-                best = select_by_validation([r[0] for r in rows], order)
-                acc[m][si] = sweep[m][si, best, 1:]
-                chosen[m][si] = float(grids[m][best])
-                chosen_index[m][si] = best
-                return best
-
-            # LP: exact regularised logistic regression on frozen features, solved
-            # from the strongest regularisation down (each solve warm-starts the next)
+                phi = [encoder(s.x) for s in data[si][1:]]
+            before.append(phi[1:])
+            norm_id[si] = phi[1].norm(dim=1).mean()
             heads, rows, init = [None] * len(cfg.l2s), [None] * len(cfg.l2s), None
             for j in reversed(range(len(cfg.l2s))):
                 W, b = softmax_regression(
@@ -822,56 +941,77 @@ def run_lpft_experiment(cfg: LPFTConfig) -> dict:
                     init=init,
                 )
                 init, heads[j] = (W, b), linear_head(W, b)
-                rows[j] = evaluate(encoder, heads[j])
-            best = choose("lp", rows, list(reversed(range(len(cfg.l2s)))))
-            lp_head = heads[best]
+                rows[j] = evaluate(encoder, heads[j], si, phi)[0]
+            best = choose("lp", si, rows, list(reversed(range(len(cfg.l2s)))))
+            lp_heads.append(heads[best])
             with torch.no_grad():
-                lp_logits = lp_head(feats)
                 lp_loss[si] = F.cross_entropy(
-                    lp_logits, train_s.labels, label_smoothing=alpha
+                    heads[best](feats), train_s.labels, label_smoothing=alpha
                 )
 
+        trace_steps = None
+        for si, seed in enumerate(progress(cfg.seeds, total=S, desc="fine-tuning")):
+            train_s, encoder = data[si][0], encoders[si]
             # FT and LP-FT: the same fine-tuning, from a random head or the LP head,
             # at every learning rate (all 2G runs trained together)
             ft_head = random_head(cfg.rep_dim, C, make_generator(20_000 + seed))
             runs = fine_tune_batch(
                 encoder,
-                [ft_head] * G + [lp_head] * G,
+                [ft_head] * G + [lp_heads[si]] * G,
                 train_s.x,
                 train_s.labels,
                 lrs=list(cfg.lrs) * 2,
                 steps=cfg.ft_steps,
                 momentum=cfg.momentum,
                 label_smoothing=alpha,
-                track=track,
+                track={
+                    n: data[si][i].x[: cfg.n_track] for n, i in (("id", 2), ("ood", 3))
+                },
                 track_every=cfg.track_every,
             )
             trace_steps = runs.trace_steps
-            for mi, m in enumerate(METHODS[1:]):
+            for mi, m in enumerate(FINE_TUNED):
                 rows = []
                 for j in range(G):
                     r = mi * G + j
                     if bool(runs.diverged[r]):
                         rows.append([math.nan] * 3)
                         continue
-                    enc, head = runs.encoders[r], runs.heads[r]
-                    with torch.no_grad():
-                        phi_id, phi_ood = enc(id_s.x), enc(ood_s.x)
-                        rows.append(
-                            [
-                                classifier_accuracy(enc, head, val_s.x, val_s.labels),
-                                _hits(head(phi_id), id_s.labels),
-                                _hits(head(phi_ood), ood_s.labels),
-                            ]
-                        )
-                        d_id = (phi_id - id_before).norm(dim=1)
-                        d_ood = (phi_ood - ood_before).norm(dim=1)
+                    row, phi_id, phi_ood = evaluate(runs.encoders[r], runs.heads[r], si)
+                    rows.append(row)
+                    d_id = (phi_id - before[si][0]).norm(dim=1)
+                    d_ood = (phi_ood - before[si][1]).norm(dim=1)
                     change[m][si, j] = torch.stack([d_id.mean(), d_ood.mean()])
                     ood_max[m][si, j] = d_ood.max()
+                    span[m][si, j] = _span_residual(
+                        encoder, runs.encoders[r], renders[si], overlap
+                    )
                     trace[m][si, j] = torch.stack(
                         [runs.trace[k][r] for k in ("train_loss", "id", "ood")], 1
                     )
-                choose(m, rows, list(range(G)))
+                choose(m, si, rows, list(range(G)))
+
+            # scratch: the same encoder from PyTorch's default initialisation and a
+            # random head, trained like FT on the same ID examples
+            seed_everything(30_000 + seed)
+            scratch = fine_tune_batch(
+                build_encoder(cfg),
+                [random_head(cfg.rep_dim, C, make_generator(50_000 + seed))]
+                * len(cfg.scratch_lrs),
+                train_s.x,
+                train_s.labels,
+                lrs=list(cfg.scratch_lrs),
+                steps=cfg.scratch_steps,
+                momentum=cfg.momentum,
+                label_smoothing=alpha,
+            )
+            rows = []
+            for r in range(len(cfg.scratch_lrs)):
+                if bool(scratch.diverged[r]):
+                    rows.append([math.nan] * 3)
+                else:
+                    rows.append(evaluate(scratch.encoders[r], scratch.heads[r], si)[0])
+            choose("scratch", si, rows, list(range(len(cfg.scratch_lrs))))
         return {
             "acc": acc,
             "chosen": chosen,
@@ -882,8 +1022,29 @@ def run_lpft_experiment(cfg: LPFTConfig) -> dict:
             "trace": trace,
             "trace_steps": trace_steps,
             "lp_train_loss": lp_loss,
-            "pretrain_loss": pre_loss,
+            "pretrain_loss": pre_losses[:, -50:].mean(1).double(),
             "feature_norm_id": norm_id,
+            "span_residual": span,
+            "overlap": overlap,
         }
 
     return cached(cfg, build, name="ch03_lpft")
+
+
+def overlap_sweep(
+    cfg: LPFTConfig,
+    angles: Sequence[float],
+    seeds: Sequence[int],
+    known: dict | None = None,
+) -> dict:
+    """:func:`run_lpft_experiment` at every overlap angle (degrees) of ``angles`` with
+    the seeds ``seeds``, plus the results of ``known`` (angle -> result, kept as they
+    are). Returns ``{angle: result}``, angles in increasing order."""
+    if not isinstance(cfg, LPFTConfig):
+        raise TypeError(f"cfg must be a LPFTConfig, got {type(cfg).__name__}")
+    out = dict(known or {})
+    for a in angles:
+        a = check_float("angles", a, minimum=0.0, maximum=90.0)
+        if a not in out:
+            out[a] = run_lpft_experiment(at_angle(cfg, a, seeds=tuple(seeds)))
+    return {a: out[a] for a in sorted(out)}

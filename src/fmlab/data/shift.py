@@ -21,6 +21,20 @@ object drawn as a photo or as a sketch activates disjoint input directions. With
 space of :math:`R_j`, so OOD inputs are orthogonal to every ID input: the assumption of
 the linear theory of feature distortion, exactly.
 
+**Overlapping styles** (``overlap_deg`` :math:`= a`, in degrees). The styles may share
+part of their input directions instead:
+
+.. math::
+    R_j = \\cos(a)\\, R_{\\text{shared}} + \\sin(a)\\, Q_j ,
+
+with :math:`R_{\\text{shared}}, Q_0, \\dots, Q_{J-1}` mutually orthogonal
+:math:`p`-frames (:math:`(J+1)p \\le D`). Every :math:`R_j` still has orthonormal
+columns, and :math:`R_i^\\top R_j = \\cos^2(a)\\, I` for :math:`i \\ne j`: an OOD
+input's projection on the ID inputs' span is :math:`\\cos^2(a)` times the ID rendering
+of the same content (:meth:`StyleShiftWorld.overlap`). :math:`a = 90°` gives
+orthogonal styles again, :math:`a = 0` no shift at all. ``overlap_deg=None`` (the
+default) is the orthogonal construction above.
+
 * **Pretraining (source) distribution**: every style, uniformly; the pretraining label
   is the object type :math:`t` (a :math:`K`-way classification, like supervised
   ImageNet pretraining).
@@ -35,6 +49,7 @@ Used in Chapter 3 (``notebooks/03-lp-vs-ft.ipynb``).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -50,6 +65,8 @@ class StyleShiftConfig:
     """Parameters of :class:`StyleShiftWorld`; ``seed`` fixes the world.
 
     ``seed`` draws the style subspaces, the type means and the downstream rule.
+    ``overlap_deg``: ``None`` for mutually orthogonal styles, or the angle
+    :math:`a \\in [0, 90]` (degrees) of overlapping ones (module docstring).
     """
 
     dim_input: int = 64
@@ -61,6 +78,7 @@ class StyleShiftConfig:
     content_noise: float = 0.8
     input_noise: float = 0.0
     seed: int = 0
+    overlap_deg: float | None = None
 
     def __post_init__(self):
         D = check_int("dim_input", self.dim_input, minimum=2)
@@ -70,6 +88,13 @@ class StyleShiftConfig:
             raise ValueError(
                 f"n_styles * dim_content must be <= dim_input, got {J} * {p} > {D}"
             )
+        if self.overlap_deg is not None:
+            check_float("overlap_deg", self.overlap_deg, minimum=0.0, maximum=90.0)
+            if (J + 1) * p > D:
+                raise ValueError(
+                    "overlapping styles need (n_styles + 1) * dim_content <= "
+                    f"dim_input, got ({J} + 1) * {p} > {D}"
+                )
         check_int("n_types", self.n_types, minimum=2)
         check_int("n_classes", self.n_classes, minimum=2)
         check_float("type_spread", self.type_spread, minimum=0.0, strict_min=True)
@@ -105,10 +130,16 @@ class StyleShiftWorld:
             torch.randn(c.dim_input, c.dim_input, generator=g, dtype=torch.float64)
         )
         p = c.dim_content
+        if c.overlap_deg is None:
+            frames = [q[:, j * p : (j + 1) * p] for j in range(c.n_styles)]
+        else:  # R_j = cos(a) R_shared + sin(a) Q_j, R_shared the first p columns
+            a = math.radians(c.overlap_deg)
+            frames = [
+                math.cos(a) * q[:, :p] + math.sin(a) * q[:, (j + 1) * p : (j + 2) * p]
+                for j in range(c.n_styles)
+            ]
         #: (J, D, p): style j renders content through render[j]
-        self.render = torch.stack(
-            [q[:, j * p : (j + 1) * p] for j in range(c.n_styles)]
-        )
+        self.render = torch.stack(frames)
         self._render_all = torch.cat(list(self.render), dim=1)  # (D, J * p)
         #: (K, p): the mean content of each object type
         self.type_means = c.type_spread * torch.randn(
@@ -164,6 +195,16 @@ class StyleShiftWorld:
         """OOD data: every style but 0."""
         return self.sample(n, range(1, self.config.n_styles), generator)
 
+    def overlap(self) -> float:
+        """:math:`\\cos^2(a)`: the factor by which :math:`R_0^\\top R_j` scales the
+        content of an OOD input of style :math:`j` (0 for orthogonal styles).
+
+        A change of the first layer learned on ID inputs reaches an OOD input scaled by
+        this factor.
+        """
+        a = self.config.overlap_deg
+        return 0.0 if a is None else math.cos(math.radians(a)) ** 2
+
     def style_coordinates(self, x: torch.Tensor) -> torch.Tensor:
         """The energy of each input in each style's subspace, ``(n, J)``.
 
@@ -178,5 +219,6 @@ class StyleShiftWorld:
         c = self.config
         return (
             f"StyleShiftWorld(D={c.dim_input}, p={c.dim_content}, styles={c.n_styles}, "
-            f"types={c.n_types}, classes={c.n_classes}, seed={c.seed})"
+            f"types={c.n_types}, classes={c.n_classes}, overlap={c.overlap_deg}, "
+            f"seed={c.seed})"
         )
