@@ -179,8 +179,9 @@ def manifold_table(man: ManifoldResult):
             }
         )
     caption = (
-        "Half-time: the first recorded step at which the mean trace is below the "
-        "midpoint of its start and the flattest minimiser's; deviation: the mean "
+        "Half-time: the step at which the mean trace (over all runs) first falls below "
+        "the midpoint of its start and the flattest minimiser's, interpolated between "
+        "records; deviation: the mean "
         "relative deviation of the mean path from the flow; excess: averaged over a run"
     )
     return table(rows, caption=caption)

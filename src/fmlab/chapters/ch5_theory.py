@@ -97,11 +97,11 @@ class SGDManifoldConfig:
     s0: float = 1.5  # starting imbalance on every hyperbola: a sharp minimiser
     lrs: tuple = (0.01, 0.02, 0.03, 0.04)
     batches: tuple = (1, 2, 4, 8)
-    runs: int = 16  # independent runs per setting
+    runs: int = 256  # independent runs per setting
     steps: int = 20_000
     record_every: int = 100
     seed: int = 0
-    replicates: int = 4  # the runs of a setting are split into this many replicates
+    replicates: int = 8  # the runs of a setting are split into this many replicates
 
     def __post_init__(self):
         check_int("runs", self.runs, minimum=1)
@@ -154,10 +154,18 @@ class ManifoldResult:
         return self.trace.reshape(*self.trace.shape[:2], r, -1).mean(-1)
 
     def half_time(self, path: torch.Tensor) -> float:
-        """First recorded step at which a trace path is below the midpoint of its
-        start and the flattest minimiser's trace (nan if never)."""
-        below = (path < 0.5 * (path[0] + self.min_trace)).nonzero()
-        return float(self.steps[below[0, 0]]) if len(below) else float("nan")
+        """The step at which a trace path first falls below the midpoint of its start
+        and the flattest minimiser's trace, interpolated linearly between the two
+        records around the crossing (nan if it never does)."""
+        mid = 0.5 * (path[0] + self.min_trace)
+        below = (path < mid).nonzero()
+        if not len(below):
+            return float("nan")
+        k = int(below[0, 0])
+        if k == 0:
+            return float(self.steps[0])
+        frac = (path[k - 1] - mid) / (path[k - 1] - path[k])
+        return float(self.steps[k - 1] + frac * (self.steps[k] - self.steps[k - 1]))
 
     def flow(self, lr: float, batch: int) -> torch.Tensor:
         """The limiting flow's trace at the recorded steps of (``lr``, ``batch``)."""
