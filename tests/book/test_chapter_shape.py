@@ -23,7 +23,6 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 NOT_YET_CONVERTED = {
     "04-kernel-view",
-    "05-implicit-bias",
     "06-in-context-learning",
 }
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
@@ -38,7 +38,7 @@ from ..data.hmm_language import HMMLanguage, HMMLanguageConfig
 from ..models.masked_lm import BiGRUMaskedLM, masked_lm_loss
 from ..repro import make_generator, single_threaded
 from ..theory.flatness import TraceEstimate, fisher_trace, hutchinson_trace
-from ..train import train_scheduled
+from ..train import cached, train_scheduled
 
 __all__ = [
     "GRU_BLOCKS",
@@ -54,6 +54,11 @@ __all__ = [
     "block_trace_comparison",
     "train_phase",
     "same_loss_experiment",
+    "same_loss_run",
+    "equal_loss_models",
+    "LookupConfig",
+    "lookup_tables",
+    "state_task_accuracy",
     "single_threaded",
 ]
 
@@ -653,8 +658,106 @@ def _same_loss_experiment(config: SameLossConfig) -> dict:
     return out
 
 
+def same_loss_run(config: SameLossConfig) -> dict:
+    """:func:`same_loss_experiment`, cached on disk (:func:`fmlab.cached`)."""
+    if not isinstance(config, SameLossConfig):
+        raise TypeError(f"config must be a SameLossConfig, got {type(config).__name__}")
+    return cached(config, lambda: same_loss_experiment(config), name="ch05_same_loss")
+
+
+def equal_loss_models(result: dict, size_index: int) -> dict:
+    """The four models compared at (nearly) equal loss in the chapter, each as
+    ``name -> (total trace, encoder trace, head trace, accuracy)`` per seed, with the
+    probe accuracy at ``probe_sizes[size_index]``: the pretrained models, the
+    SGD-continued ones (the last checkpoint), the Adam-continued controls and the
+    adversarial models."""
+    r, j = result, size_index
+
+    def blocks(prefix):
+        return tuple(
+            r[f"{prefix}_{k}"] for k in ("trace", "trace_encoder", "trace_head")
+        )
+
+    cont = blocks("continue")
+    return {
+        "pretrained": tuple(t[0] for t in cont) + (r["continue_accuracy"][0, :, j],),
+        "SGD-continued": tuple(t[-1] for t in cont)
+        + (r["continue_accuracy"][-1, :, j],),
+        "control (Adam)": blocks("control") + (r["control_accuracy"][:, j],),
+        "adversarial": blocks("adversarial") + (r["adversarial_accuracy"][:, j],),
+    }
+
+
 # ---------------------------------------------------------------------------------
 # the look-up table, with tied and untied emissions
+# ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LookupConfig:
+    """The look-up table on random languages with tied and with untied emissions."""
+
+    worlds: tuple = (0, 1, 2)  # seeds of the language (its cycles)
+    n_train: int = 3000
+    n_test: int = 5000
+
+
+def lookup_tables(
+    config: LookupConfig, language: HMMLanguageConfig, position: int
+) -> dict:
+    """:func:`lookup_table_transfer` on each world of ``config``, with tied and untied
+    emissions: ``{True: [tied runs], False: [untied runs]}`` (``language`` gives
+    everything else; world ``w`` samples its sentences with seed ``500 + 10 w``)."""
+    if not isinstance(config, LookupConfig):
+        raise TypeError(f"config must be a LookupConfig, got {type(config).__name__}")
+    return {
+        tied: [
+            lookup_table_transfer(
+                replace(language, seed=w, tied=tied),
+                position=position,
+                n_train=config.n_train,
+                n_test=config.n_test,
+                seed=500 + 10 * w,
+            )
+            for w in config.worlds
+        ]
+        for tied in (True, False)
+    }
+
+
+def state_task_accuracy(
+    language: HMMLanguage, position: int, draws: int = 3
+) -> list[dict]:
+    """The look-up table's probe on the *state* (of all ``n_states``) and on the
+    block at ``position``, for ``draws`` draws of 3000 training and 5000 test
+    sentences (seeds ``1 + 2d`` and ``2 + 2d``): ``[{"state", "block"}]``."""
+    S, out = language.config.states_per_block, []
+    for d in range(draws):
+        tok_tr, h_tr = language.sample(3000, make_generator(1 + 2 * d))
+        tok_te, h_te = language.sample(5000, make_generator(2 + 2 * d))
+        f_tr = language.masked_conditionals(tok_tr).flatten(1)
+        f_te = language.masked_conditionals(tok_te).flatten(1)
+        out.append(
+            {
+                "state": ridge_probe_accuracy(
+                    f_tr,
+                    h_tr[:, position],
+                    f_te,
+                    h_te[:, position],
+                    language.config.n_states,
+                ),
+                "block": ridge_probe_accuracy(
+                    f_tr,
+                    h_tr[:, position] // S,
+                    f_te,
+                    h_te[:, position] // S,
+                    language.config.n_blocks,
+                ),
+            }
+        )
+    return out
+
+
+# ---------------------------------------------------------------------------------
+# the look-up table, one language
 # ---------------------------------------------------------------------------------
 def lookup_table_transfer(
     language: HMMLanguageConfig,

@@ -42,8 +42,9 @@ from .._validate import check_float, check_int
 from ..data.hmm_language import HMMLanguage, HMMLanguageConfig
 from ..models.bert import HEAD_PARAMETERS, BertConfig, EnsembleBert, masked_lm_nll
 from ..repro import make_generator, single_threaded
+from ..theory.decomposition import spearman
 from ..theory.flatness import TraceEstimate, fisher_trace
-from ..train import train_scheduled
+from ..train import cached, train_scheduled
 from .ch5_implicit_bias import probe_curve
 
 __all__ = [
@@ -54,6 +55,8 @@ __all__ = [
     "head_trace_closed_form",
     "train_bert",
     "noise_transfer_experiment",
+    "noise_transfer",
+    "trace_transfer_rank_correlation",
 ]
 
 
@@ -389,3 +392,22 @@ def _noise_transfer_experiment(config: NoiseTransferConfig) -> dict:
     p_star = lang.masked_conditionals(trace_tok)[torch.arange(c.n_trace), trace_pos]
     out["head_language_constant"] = (c.d_model + 1) * (1 - p_star.pow(2).sum(-1)).mean()
     return out
+
+
+def noise_transfer(config: NoiseTransferConfig) -> dict:
+    """:func:`noise_transfer_experiment`, cached on disk (:func:`fmlab.cached`)."""
+    if not isinstance(config, NoiseTransferConfig):
+        raise TypeError(
+            f"config must be a NoiseTransferConfig, got {type(config).__name__}"
+        )
+    return cached(config, lambda: noise_transfer_experiment(config), name="ch05_noise")
+
+
+def trace_transfer_rank_correlation(result: dict) -> torch.Tensor:
+    """Per seed, the Spearman rank correlation across the models of
+    :func:`noise_transfer_experiment` (pretrained and continued) between the total
+    trace and the probe accuracy at the largest probe size: ``(E,)``."""
+    tr, acc = result["trace"], result["accuracy"]
+    return torch.tensor(
+        [spearman(tr[:, e], acc[:, e, -1].double()) for e in range(tr.shape[1])]
+    )

@@ -1,0 +1,679 @@
+"""The figures, tables, sliders and prose numbers of Chapter 5 (its two pages,
+``notebooks/05-implicit-bias.ipynb`` and ``notebooks/05b-same-loss.ipynb``), so that
+the chapter's cells hold the experiment and not the drawing. Every function returns a
+matplotlib ``Figure``, an :func:`fmlab.viz.table`, a slider or a dict of strings for
+``glue``; none of them computes anything the chapter claims."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import torch
+
+from ..claims import SeedEffect
+from ..theory.sgd_manifold import flow_trace
+from ..viz import PALETTE, slider_figure, table
+from .ch5_theory import DyckConfig, ManifoldResult
+
+__all__ = [
+    "block_trace_table",
+    "plot_manifold",
+    "manifold_table",
+    "manifold_slider",
+    "dyck_table",
+    "plot_dyck",
+    "plot_same_loss",
+    "lookup_comparison_table",
+    "equal_loss_table",
+    "plot_equal_loss",
+    "bartlett_table",
+    "checkpoint_slider",
+    "noise_trace_table",
+    "noise_accuracy_table",
+    "plot_noise",
+    "effects_table",
+    "prose_equal_loss",
+    "prose_noise",
+]
+
+
+def mean_sd(x, f: str = "{:.2f}") -> str:
+    """``mean ± sd`` of a tensor, with the format ``f``."""
+    return f"{f.format(float(x.mean()))} ± {f.format(float(x.std()))}"
+
+
+def _check(name: str, value, cls) -> None:
+    if not isinstance(value, cls):
+        raise TypeError(f"{name} must be a {cls.__name__}, got {type(value).__name__}")
+
+
+# --------------------------------------------------------------------------------------
+# the theory page
+# --------------------------------------------------------------------------------------
+def block_trace_table(bt: dict, probes: int):
+    """Exact block traces against Hutchinson's estimate (``bt`` from
+    :func:`fmlab.chapters.ch5_theory.block_traces`)."""
+    rows = [
+        {
+            "block": b,
+            "exact": bt["exact"][b],
+            f"Hutchinson ({probes} probes)": bt["hutchinson"][b],
+            "± s.e.": bt["hutchinson_se"][b],
+        }
+        for b in bt["exact"]
+    ]
+    caption = (
+        f"{bt['n_params']} parameters. Exact: {bt['n_params']} HVPs in "
+        f"⏱ {bt['seconds_exact']:.2f} s; Hutchinson: {probes} HVPs in "
+        f"⏱ {bt['seconds_hutchinson']:.2f} s"
+    )
+    return table(rows, caption=caption, digits=4)
+
+
+#: the four settings the figures follow: (learning rate, batch size, colour)
+_SHOWN = [
+    (0.02, 1, "blue"),
+    (0.04, 1, "orange"),
+    (0.04, 4, "green"),
+    (0.02, 4, "purple"),
+]
+
+
+def _hyperbola(ax, man: ManifoldResult, i: int, records, title: str):
+    """The runs of setting ``i`` on the first hyperbola at the given records."""
+    c1 = float(man.model.c[0])
+    hyp_s = torch.linspace(-1.8, 1.8, 200, dtype=torch.float64)
+    ax.plot(
+        c1**0.5 * torch.exp(hyp_s),
+        c1**0.5 * torch.exp(-hyp_s),
+        color="grey",
+        lw=1,
+        label="minimisers $u_1v_1=c_1$",
+    )
+    for j, k in enumerate(records):
+        s1 = man.s[k, i, :, 0]
+        ax.scatter(
+            c1**0.5 * torch.exp(s1),
+            c1**0.5 * torch.exp(-s1),
+            s=10,
+            color=plt.cm.viridis(j / 4),
+            label=f"step {int(man.steps[k])}",
+        )
+    ax.set(xlim=(0, 5.5), ylim=(0, 5.5), xlabel="$u_1$", ylabel="$v_1$", title=title)
+
+
+def plot_manifold(man: ManifoldResult):
+    """The trace against steps and against :math:`\\eta^2k/B` with the flow, the
+    excess loss, and the runs on the first hyperbola."""
+    _check("man", man, ManifoldResult)
+    fig, axes = plt.subplots(2, 2, figsize=(10, 6.6))
+    (a0, a1), (a2, a3) = axes
+    steps = man.steps
+    for lr, b, col in _SHOWN:
+        i = man.setting(lr, b)
+        mean = man.trace[:, i].mean(1)
+        label = f"η={lr}, B={b}"
+        a0.plot(steps / 1000, mean, color=PALETTE[col], label=label)
+        a0.fill_between(
+            steps / 1000,
+            man.trace[:, i].quantile(0.1, 1),
+            man.trace[:, i].quantile(0.9, 1),
+            color=PALETTE[col],
+            alpha=0.15,
+        )
+        a1.plot(lr**2 * steps / b, mean, color=PALETTE[col], label=label)
+        a2.plot(steps / 1000, man.excess[:, i].mean(1), color=PALETTE[col], label=label)
+    max_lr = max(man.config.lrs)
+    tgrid = torch.linspace(
+        0, float(max_lr**2 * man.config.steps), 200, dtype=torch.float64
+    )
+    a1.plot(
+        tgrid, flow_trace(man.model, man.s0, tgrid, 1.0), "k--", lw=1.2, label="flow"
+    )
+    for ax in (a0, a1):
+        ax.axhline(man.min_trace, color="grey", lw=0.8, ls=":")
+    a0.set(
+        xlabel="SGD step (thousands)",
+        ylabel=r"tr $\nabla^2 L$",
+        title="Sharpness falls (mean, 10–90% band)",
+    )
+    a1.set(
+        xlabel=r"$\eta^2\times$steps$/B$",
+        ylabel=r"tr $\nabla^2 L$",
+        xlim=(0, 13),
+        title="Same η²/B, same path; the flow predicts it",
+    )
+    a2.set(
+        xlabel="SGD step (thousands)",
+        ylabel=r"$L - L^\star$ (nats)",
+        ylim=(0, 0.1),
+        title=f"The loss stays at its minimum (mean of {man.config.runs} runs)",
+    )
+    _hyperbola(
+        a3,
+        man,
+        man.setting(0.04, 1),
+        [0, 20, 50, 100, 200],
+        "η=0.04, B=1: the runs slide along $\\Gamma$",
+    )
+    a0.legend(fontsize=8)
+    a1.legend(fontsize=8)
+    a3.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def manifold_table(man: ManifoldResult):
+    """Per setting: half-time, scaled half-time, deviation from the flow, excess."""
+    _check("man", man, ManifoldResult)
+    rows = []
+    for r in man.rows():
+        reached = r["half-time"] == r["half-time"]
+        rows.append(
+            {
+                "η": f"{r['η']:.2f}",
+                "B": r["B"],
+                "half-time (steps)": f"{r['half-time']:.0f}" if reached else "—",
+                "η²·half-time/B": f"{r['η²·half/B']:.2f}" if reached else "—",
+                "mean deviation from the flow": f"{r['dev. from flow']:.3f}",
+                "excess loss (nats)": f"{r['excess loss']:.4f}",
+            }
+        )
+    caption = (
+        "Half-time: the step at which the mean trace (over all runs) first falls below "
+        "the midpoint of its start and the flattest minimiser's, interpolated between "
+        "records; deviation: the mean "
+        "relative deviation of the mean path from the flow; excess: averaged over a run"
+    )
+    return table(rows, caption=caption)
+
+
+def manifold_slider(man: ManifoldResult):
+    """A slider over (learning rate, batch size): the mean trace against the flow,
+    and the runs on the first hyperbola at five times."""
+    _check("man", man, ManifoldResult)
+
+    def render(lr, batch):
+        i = man.setting(lr, batch)
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(7.0, 2.9))
+        steps = man.steps / 1000
+        label = f"SGD (mean of {man.config.runs} runs)"
+        a1.plot(steps, man.trace[:, i].mean(1), color=PALETTE["blue"], label=label)
+        a1.plot(steps, man.flow(lr, batch), "k--", lw=1.2, label="flow prediction")
+        a1.axhline(man.min_trace, color="grey", lw=0.8, ls=":", label="flattest")
+        a1.set(
+            ylim=(0, 14.5),
+            xlabel="SGD step (thousands)",
+            ylabel=r"tr $\nabla^2 L$",
+            title=f"η = {lr}, B = {batch}",
+        )
+        a1.legend(fontsize=7)
+        _hyperbola(a2, man, i, [0, 50, 100, 150, 200], "Runs on $u_1v_1=c_1$")
+        a2.lines[0].set_label(None)
+        a2.legend(fontsize=7)
+        fig.tight_layout()
+        return fig
+
+    return slider_figure(
+        render,
+        {"lr": list(man.config.lrs), "batch": list(man.config.batches)},
+        labels={"lr": "learning rate η", "batch": "batch size B"},
+        initial={"lr": 3, "batch": 0},
+    )
+
+
+def dyck_table(dyck: dict, config: DyckConfig):
+    """Each Dyck solution: pretraining loss, exact trace, mean downstream errors."""
+    _check("config", config, DyckConfig)
+    rows = []
+    for name, d in dyck.items():
+        row = {"solution": name, "loss": f"{d['loss']:.1e}", "tr ∇²L": d["trace"]}
+        for N, e in zip(config.downstream_sizes, d["errors"].mean(1)):
+            row[f"N = {N}"] = float(e)
+        rows.append(row)
+    caption = (
+        "Pretraining loss, exact trace at the flattest rescaling, and mean downstream "
+        f"error / Var τ over {config.draws} draws of N examples"
+    )
+    return table(rows, caption=caption)
+
+
+def plot_dyck(dyck: dict, config: DyckConfig):
+    """Traces of the Dyck solutions, and their downstream error against the number
+    of examples."""
+    _check("config", config, DyckConfig)
+    names = list(dyck)
+    mem = [k for k in names if k.startswith("memorising")]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.4))
+    a1.bar(
+        range(len(names)),
+        [dyck[k]["trace"] for k in names],
+        color=[PALETTE["green"]] + [PALETTE["red"]] * len(mem),
+    )
+    a1.set(
+        xticks=range(len(names)),
+        xticklabels=names,
+        ylabel=r"tr $\nabla^2 L$ (flattest rescaling)",
+        title="Both fit the masked task exactly",
+    )
+    for k in names:
+        flat = k == "transferable"
+        label = (
+            k if flat else (f"memorising ({len(mem)} draws)" if k == mem[0] else None)
+        )
+        a2.plot(
+            config.downstream_sizes,
+            dyck[k]["errors"].mean(1),
+            "o-",
+            color=PALETTE["green"] if flat else PALETTE["red"],
+            alpha=1 if flat else 0.6,
+            label=label,
+        )
+    a2.set(
+        xscale="log",
+        xlabel="downstream examples",
+        ylabel=r"error / Var $\tau$",
+        title="Downstream: predict the bracket surplus",
+    )
+    a2.legend()
+    fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------------------
+# the same-loss page
+# --------------------------------------------------------------------------------------
+#: the models of the same-loss experiment: (label, accuracy key, gap key, colour)
+_MODELS = [
+    ("look-up table", "lookup", None, "black"),
+    ("pretrained", "continue", "continue", "blue"),
+    ("SGD-continued", "continue", "continue", "sky"),
+    ("control (Adam)", "control", "control", "green"),
+    ("adversarial", "adversarial", "adversarial", "red"),
+]
+
+
+def _accuracies_and_gaps(res: dict):
+    E = res["continue_gap"].shape[1]
+    accs = [
+        res["lookup_accuracy"].expand(E, -1),
+        res["continue_accuracy"][0],
+        res["continue_accuracy"][-1],
+        res["control_accuracy"],
+        res["adversarial_accuracy"],
+    ]
+    gaps = [
+        torch.zeros(E),
+        res["continue_gap"][0],
+        res["continue_gap"][-1],
+        res["control_gap"],
+        res["adversarial_gap"],
+    ]
+    return accs, gaps
+
+
+def plot_same_loss(res: dict, transition: torch.Tensor, sizes, tolerance: float):
+    """The language's transitions, pretraining to saturation, transfer of every model
+    against the probe's training size, and the loss gap against transfer."""
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7.2))
+    (a0, a1), (a2, a3) = axes
+    im = a0.imshow(transition, cmap="Greys", vmin=0, vmax=1)
+    a0.set(
+        title="Transition matrix: two blocks, each a noisy cycle",
+        xlabel="next state",
+        ylabel="state",
+    )
+    fig.colorbar(im, ax=a0, fraction=0.046)
+    a0.grid(False)
+    E = res["pretrain_gap"].shape[1]
+    for e in range(E):
+        a1.plot(
+            res["pretrain_steps"],
+            res["pretrain_gap"][:, e],
+            "o-",
+            ms=3,
+            label=f"seed {e}",
+        )
+    a1.axhline(tolerance, color="grey", ls=":", lw=1, label="tolerance ε")
+    a1.set(
+        yscale="log",
+        xlabel="Adam step",
+        ylabel="gap $L_{pre}-L^\\star_{pre}$ (nats)",
+        title="Pretraining to saturation",
+    )
+    a1.legend(fontsize=8)
+    accs, gaps = _accuracies_and_gaps(res)
+    big = len(sizes) - 1
+    for (lab, _, _, col), acc in zip(_MODELS, accs):
+        a2.errorbar(
+            sizes,
+            acc.mean(0),
+            yerr=acc.std(0),
+            fmt="o-",
+            color=PALETTE[col],
+            label=lab,
+            capsize=2,
+        )
+    a2.plot(
+        sizes, res["posterior_accuracy"], "k:", lw=1, label="probe on exact posterior"
+    )
+    a2.axhline(float(res["bayes_accuracy"]), color="grey", lw=0.8)
+    a2.set(
+        xscale="log",
+        xlabel="probe training examples $n$",
+        ylabel="block accuracy",
+        title=f"Same loss, different transfer (mean ± sd, {E} seeds)",
+    )
+    a2.legend(fontsize=7, loc="lower right")
+    for (lab, _, _, col), g, acc in zip(_MODELS, gaps, accs):
+        a3.scatter(
+            g,
+            acc[:, big],
+            color=PALETTE[col],
+            label=lab,
+            s=30,
+            marker="x" if lab == "look-up table" else "o",
+        )
+    a3.axvline(tolerance, color="grey", ls=":", lw=1)
+    a3.set(
+        xlabel="gap (nats)",
+        ylabel=f"block accuracy, n = {sizes[big]}",
+        title="Loss gap vs transfer, every model",
+    )
+    a3.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def lookup_comparison_table(runs: dict, worlds):
+    """The look-up table, the probe on the exact posterior and the Bayes accuracy, on
+    each random language with tied and untied emissions."""
+    rows = [
+        {
+            "world": w,
+            "emissions": "tied" if tied else "untied",
+            "look-up table": r["lookup"],
+            "probe on exact posterior": r["posterior"],
+            "Bayes": r["bayes"],
+        }
+        for tied, rs in runs.items()
+        for w, r in zip(worlds, rs)
+    ]
+    return table(rows, caption="Block accuracy of the ridge probe (no training)")
+
+
+def equal_loss_table(models: dict, res: dict):
+    """Trace per block and transfer of the models at equal loss (mean ± sd over
+    seeds), from :func:`fmlab.chapters.ch5_implicit_bias.equal_loss_models`."""
+    rows = [
+        {
+            "model": name,
+            "tr H (total)": mean_sd(tot),
+            "encoder": mean_sd(enc),
+            "head": mean_sd(head),
+            "head share": mean_sd(head / tot),
+            "accuracy": mean_sd(acc, "{:.3f}"),
+        }
+        for name, (tot, enc, head, acc) in models.items()
+    ]
+    se_enc = float(res["continue_trace_encoder_se"][0].max())
+    se_head = float(res["continue_trace_head_se"][0].max())
+    caption = (
+        "Mean ± sd over seeds. Standard error of one seed's estimate (pretrained): "
+        f"encoder {se_enc:.3f}, head {se_head:.3f}"
+    )
+    return table(rows, caption=caption)
+
+
+def plot_equal_loss(
+    res: dict, models: dict, sizes, big: int, small: int, tolerance: float
+):
+    """Along continued SGD: block traces, transfer, the head's weight norms; and the
+    encoder trace against transfer for the models at equal loss."""
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7.0))
+    (a0, a1), (a2, a3) = axes
+    steps = res["continue_steps"]
+    accc = res["continue_accuracy"]
+    for e in range(accc.shape[1]):
+        col = plt.cm.tab10(e)
+        a0.plot(
+            steps,
+            res["continue_trace_head"][:, e],
+            "o-",
+            ms=3,
+            color=col,
+            label=f"head, seed {e}",
+        )
+        a0.plot(
+            steps,
+            res["continue_trace_encoder"][:, e],
+            "s--",
+            ms=3,
+            color=col,
+            label=f"encoder, seed {e}",
+        )
+        a1.plot(
+            steps,
+            accc[:, e, big],
+            "o-",
+            ms=3,
+            color=col,
+            label=f"seed {e}, n = {sizes[big]}",
+        )
+        a1.plot(steps, accc[:, e, small], "s--", ms=3, color=col, alpha=0.6)
+        a2.plot(steps, res["continue_norm_w2"][:, e], "o-", ms=3, color=col)
+        a2.plot(steps, res["continue_norm_w1"][:, e] / 5, "s--", ms=3, color=col)
+    a0.set(
+        xlabel="continued SGD step",
+        ylabel=r"tr $\nabla^2 L_{pre}$ of the block",
+        title="Continued SGD flattens the head, sharpens the encoder",
+    )
+    a0.legend(fontsize=7, ncol=2)
+    a1.set(
+        xlabel="continued SGD step",
+        ylabel=f"block accuracy (solid n = {sizes[big]}, dashed n = {sizes[small]})",
+        title="…and transfer does not move",
+    )
+    a2.set(
+        xlabel="continued SGD step",
+        ylabel=r"$\|W_2\|$ (solid), $\|W_1\|/5$ (dashed)",
+        title="The head rebalances its two layers",
+    )
+    for name, col in zip(models, ["blue", "sky", "green", "red"]):
+        _, enc, _, acc = models[name]
+        a3.scatter(enc, acc, color=PALETTE[col], label=name, s=35)
+    a3.set(
+        xlabel=r"encoder block of tr $\nabla^2 L_{pre}$",
+        ylabel=f"block accuracy, n = {sizes[big]}",
+        title=f"Models at equal loss (gap < {tolerance})",
+    )
+    a3.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def bartlett_table(res: dict):
+    """The three traces at the pretrained models, per seed."""
+    rows = [
+        {"seed": e, "tr Σ": c, "Fisher": f, "Hutchinson": h}
+        for e, (c, f, h) in enumerate(
+            zip(
+                res["bartlett_covariance"].tolist(),
+                res["bartlett_fisher"].tolist(),
+                res["bartlett_hutchinson"].tolist(),
+            )
+        )
+    ]
+    caption = (
+        "Hutchinson's standard error, summed over seeds: "
+        f"{float(res['bartlett_hutchinson_se']):.2f}"
+    )
+    return table(rows, caption=caption)
+
+
+def checkpoint_slider(res: dict, big: int, size: int):
+    """A slider over the checkpoints of continued SGD: each seed's gap, head and
+    encoder trace and probe accuracy (``probe_sizes[big]``, which is ``size``)."""
+    steps = res["continue_steps"]
+    series = [
+        (res["continue_gap"], "gap (nats)", (0, 0.012)),
+        (res["continue_trace_head"], r"head tr $\nabla^2 L$", None),
+        (res["continue_trace_encoder"], r"encoder tr $\nabla^2 L$", None),
+        (res["continue_accuracy"][:, :, big], f"accuracy (n={size})", None),
+    ]
+
+    def render(step):
+        k = steps.tolist().index(step)
+        fig, axes = plt.subplots(1, 4, figsize=(9.0, 2.6))
+        for ax, (vals, name, lim) in zip(axes, series):
+            for e in range(vals.shape[1]):
+                ax.plot(steps, vals[:, e], color="grey", lw=0.8, alpha=0.6)
+                ax.plot([step], [vals[k, e]], "o", color=plt.cm.tab10(e), ms=7)
+            lo, hi = float(vals.min()), float(vals.max())
+            pad = 0.1 * (hi - lo) + 1e-9
+            ax.set(
+                title=f"{name}\n" + ", ".join(f"{float(v):.3g}" for v in vals[k]),
+                ylim=lim or (lo - pad, hi + pad),
+                xlabel="SGD step",
+            )
+            ax.title.set_fontsize(8)
+            ax.tick_params(labelsize=7)
+        fig.tight_layout()
+        return fig
+
+    return slider_figure(
+        render, {"step": steps.tolist()}, labels={"step": "checkpoint (SGD step)"}
+    )
+
+
+def _noise_names(tres: dict, lrs) -> list[str]:
+    return ["pretrained"] + [f"SGD, η = {lr}" for lr in lrs]
+
+
+def noise_trace_table(tres: dict, lrs):
+    """Gap and block traces of the pretrained transformer and of each continued run,
+    with the decoder's closed form (mean ± sd over seeds)."""
+    rows = []
+    for k, name in enumerate(_noise_names(tres, lrs)):
+        rows.append(
+            {
+                "model": name,
+                "η²/B": "—" if k == 0 else f"{float(tres['noise'][k - 1]):.1e}",
+                "gap (nats)": mean_sd(tres["gap"][k], "{:.4f}"),
+                "encoder tr": mean_sd(tres["trace_encoder"][k]),
+                "decoder tr": mean_sd(tres["trace_head"][k]),
+                "closed form": mean_sd(tres["head_closed_form"][k]),
+            }
+        )
+    caption = (
+        "Decoder trace of a saturated model, (d+1)·E[1 − ‖p*‖²]: "
+        f"{float(tres['head_language_constant']):.2f}"
+    )
+    return table(rows, caption=caption)
+
+
+def noise_accuracy_table(tres: dict, lrs, sizes):
+    """Block accuracy of the probe per model and training size (mean ± sd)."""
+    acc = tres["accuracy"]
+    rows = [
+        {"model": name}
+        | {f"n = {n}": mean_sd(acc[k, :, j], "{:.3f}") for j, n in enumerate(sizes)}
+        for k, name in enumerate(_noise_names(tres, lrs))
+    ]
+    return table(rows, caption="Block accuracy of the probe; mean ± sd over seeds")
+
+
+def plot_noise(tres: dict, sizes):
+    """The transformer: pretraining, and the encoder trace and transfer against the
+    noise level of continued SGD."""
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3.4))
+    a0, a1, a2 = axes
+    E = tres["pretrain_gap"].shape[1]
+    for e in range(E):
+        a0.plot(tres["pretrain_steps"], tres["pretrain_gap"][:, e], "o-", ms=3)
+    a0.set(
+        yscale="log",
+        xlabel="Adam step",
+        ylabel="gap (nats)",
+        title="Transformer: pretraining",
+    )
+    noise_x = torch.cat([torch.tensor([tres["noise"][0] / 10]), tres["noise"]])
+    for e in range(E):
+        col = plt.cm.tab10(e)
+        a1.plot(
+            noise_x, tres["trace_encoder"][:, e], "o-", color=col, label=f"seed {e}"
+        )
+        a2.plot(noise_x, tres["accuracy"][:, e, 0], "s--", color=col, alpha=0.7)
+        a2.plot(noise_x, tres["accuracy"][:, e, -1], "o-", color=col)
+    for ax in (a1, a2):
+        ax.set_xscale("log")
+        ax.set_xticks(noise_x.tolist(), ["pre"] + [f"{v:.0e}" for v in tres["noise"]])
+        ax.set_xlabel(r"noise level $\eta^2/B$ of continued SGD")
+    a1.set(ylabel=r"encoder block of tr $\nabla^2 L_{pre}$", title="Encoder flatness")
+    a1.legend(fontsize=8)
+    a2.set(
+        ylabel=f"block accuracy (solid n = {sizes[-1]}, dashed n = {sizes[0]})",
+        title="Transfer",
+    )
+    fig.tight_layout()
+    return fig
+
+
+def effects_table(effects: dict, fmt: str = "{:+.3f}"):
+    """Per-seed effects, one row each: mean, standard error, sd and every seed."""
+    rows = []
+    for name, x in effects.items():
+        e = SeedEffect.of(x)
+        rows.append(
+            {
+                "effect": name,
+                "mean": fmt.format(e.mean),
+                "s.e.": fmt.format(e.se).lstrip("+"),
+                "per seed": ", ".join(fmt.format(v) for v in e.samples),
+            }
+        )
+    return table(rows)
+
+
+def prose_equal_loss(res: dict, cfg, tolerance: float) -> dict[str, str]:
+    """The numbers the same-loss page quotes from its config and its run."""
+    x = cfg
+    n_gru = sum(v[0].numel() for v in res["pretrained_state"].values())
+    return {
+        "ch5_position": str(x.position + 1),
+        "ch5_probe_sizes": "{" + ", ".join(f"{n:,}" for n in x.probe_sizes) + "}",
+        "ch5_probe_test": f"{x.n_probe_test:,}",
+        "ch5_gru_pre_steps": f"{x.pretrain_steps:,}",
+        "ch5_gru_pre_batch": str(x.pretrain_batch),
+        "ch5_gru_cont_steps": f"{x.continue_steps:,}",
+        "ch5_gru_cont_lr": str(x.continue_lr),
+        "ch5_gru_cont_batch": str(x.continue_batch),
+        "ch5_gru_adv_steps": str(x.adversarial_steps),
+        "ch5_gru_reconv_steps": str(x.reconverge_steps),
+        "ch5_gru_n_trace": f"{x.n_trace:,}",
+        "ch5_tolerance": str(tolerance),
+        "ch5_n_bartlett": f"{x.n_bartlett:,}",
+        "ch5_gru_noise": f"{x.continue_lr**2 / x.continue_batch:.1e}",
+        "ch5_bartlett_probes": str(x.bartlett_probes),
+        "ch5_entropy": f"{float(res['entropy'][0]):.3f}",
+        "ch5_n_params": f"{n_gru:,}",
+        "ch5_n_seeds": str(x.n_models),
+        "ch5_gap_ckpt": f"{float(res['continue_gap'][1:-1].max()):.4f}",
+        "ch5_gap_compared": f"control {float(res['control_gap'].mean()):.4f} vs "
+        f"adversarial {float(res['adversarial_gap'].mean()):.4f}",
+    }
+
+
+def prose_noise(tres: dict, cfg) -> dict[str, str]:
+    """The numbers the transformer section quotes from its config and its run."""
+    return {
+        "ch5_tf_n_params": f"{int(tres['n_params']):,}",
+        "ch5_tf_pre_steps": f"{cfg.pretrain_steps:,}",
+        "ch5_tf_pre_batch": str(cfg.pretrain_batch),
+        "ch5_tf_cont_steps": f"{cfg.continue_steps:,}",
+        "ch5_tf_cont_batch": str(cfg.continue_batch),
+        "ch5_tf_lrs": ", ".join(str(lr) for lr in cfg.continue_lrs),
+        "ch5_tf_noise": ", ".join(f"{v:.1e}" for v in cfg.noise_levels),
+        "ch5_tf_n_seeds": str(cfg.n_models),
+        "ch5_tf_gaps": f"{float(tres['gap'].min()):.4f} to "
+        f"{float(tres['gap'].max()):.4f}",
+    }
