@@ -2,6 +2,7 @@
 dropped from the grid and counted, and never reaches a kernel; the fixed-hyperparameter
 analogs are validated against the grids they are read from."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -208,3 +209,23 @@ def test_width_test_and_label_words(tiny):
     )
     assert words.zero_shot == ch4.sign_accuracy(f, tiny.test.y)
     assert words.entk.shape == words.entk_natural.shape == (2,)
+
+
+def test_stacked_pretraining_matches_separate_runs(tmp_path, monkeypatch):
+    """Oracle: the same models trained one at a time by pretrain_masked_lm."""
+    monkeypatch.setenv("FMLAB_CACHE_DIR", str(tmp_path))
+    base = ch4.MLMPretrainConfig(
+        language=SentimentLanguageConfig(max_units=4), d_model=8, n_heads=2, steps=6
+    )
+    configs = tuple(dataclasses.replace(base, seed=s) for s in (0, 3))
+    stacked = ch4.pretrain_masked_lms_stacked(configs)
+    for config, (model, losses) in zip(configs, stacked):
+        alone, alone_losses = ch4.pretrain_masked_lm(config)
+        assert losses[0] == alone_losses[0]  # the first step's loss: bit for bit
+        torch.testing.assert_close(losses, alone_losses, rtol=1e-4, atol=1e-5)
+        # the functions (not every weight: the key bias of attention has a zero gradient
+        # in exact arithmetic, so Adam turns its rounding noise into steps of size lr)
+        x = ch4.test_set(SentimentLanguage(base.language), 20).x_prompt
+        torch.testing.assert_close(model(x), alone(x), rtol=1e-3, atol=1e-3)
+    with pytest.raises(ValueError, match="only in their seed"):
+        ch4.pretrain_masked_lms_stacked((base, dataclasses.replace(base, lr=1e-3)))

@@ -58,6 +58,7 @@ from ..train import cached, progress
 __all__ = [
     "MLMPretrainConfig",
     "pretrain_masked_lm",
+    "pretrain_masked_lms_stacked",
     "FewShotTask",
     "few_shot_task",
     "test_set",
@@ -227,6 +228,81 @@ def pretrain_masked_lm(
     model.load_state_dict(entry["state"])
     model.eval()
     return model, entry["losses"]
+
+
+def pretrain_masked_lms_stacked(
+    configs: tuple[MLMPretrainConfig, ...],
+) -> list[tuple[TinyTransformer, torch.Tensor]]:
+    """Pretrain masked LMs that differ only in their seed at once, as stacked weights.
+
+    The models' parameters are stacked along a leading axis of size ``K``
+    (:func:`torch.func.stack_module_state`), one forward pass computes all of them
+    (``vmap`` of :func:`torch.func.functional_call`: batched matmuls), the loss is the
+    sum of the models' own masked-LM losses on their own batches (each seed keeps its
+    data stream, as in :func:`pretrain_masked_lm`), and one fused AdamW step updates
+    every model (AdamW acts element by element, so each model sees its own update).
+    Returns ``(model, losses)`` per config, as :func:`pretrain_masked_lm` does, without
+    the cache.
+
+    Not bit-for-bit equal to separate runs: the forward pass is, but under ``vmap`` the
+    gradients of the layer norms' weights and biases are summed in another order
+    (differences of about 1e-7 after one step), which Adam carries on. Nor is it much
+    faster on one CPU thread at the chapter's sizes, where a step is arithmetic rather
+    than per-call overhead (``scripts/bench_stacked_pretraining.py``: about 1.0-1.1x).
+    So the chapter's models are still trained one at a time; ``tests/chapters`` checks
+    the two against each other to float tolerance.
+    """
+    import dataclasses
+
+    from torch.func import functional_call, stack_module_state, vmap
+
+    configs = tuple(configs)
+    if not configs or not all(isinstance(c, MLMPretrainConfig) for c in configs):
+        raise TypeError("configs must be a non-empty tuple of MLMPretrainConfig")
+    first = dataclasses.replace(configs[0], seed=0)
+    if any(dataclasses.replace(c, seed=0) != first for c in configs):
+        raise ValueError("the configs must differ only in their seed")
+    cfg, lang = configs[0], SentimentLanguage(configs[0].language)
+    models = []
+    for c in configs:
+        seed_everything(c.seed)
+        models.append(TinyTransformer(_model_config(lang, c), seed=c.seed))
+    stacked, buffers = stack_module_state(models)
+    params = {k: v.detach().clone().requires_grad_(True) for k, v in stacked.items()}
+    skeleton = copy.deepcopy(models[0]).to("meta")
+    skeleton.train()
+
+    def forward(p, b, x):
+        return functional_call(skeleton, (p, b), (x,))
+
+    gens = [make_generator(c.seed + 1) for c in configs]
+    opt = torch.optim.AdamW(
+        list(params.values()), lr=cfg.lr, weight_decay=0.01, fused=True
+    )
+    sched = torch.optim.lr_scheduler.OneCycleLR(
+        opt, max_lr=cfg.lr, total_steps=cfg.steps, pct_start=0.1
+    )
+    losses = torch.empty(len(configs), cfg.steps)
+    for step in progress(range(cfg.steps), total=cfg.steps, desc="pretraining"):
+        batches = []
+        for c, g in zip(configs, gens):
+            x = lang.sample_pretraining(c.batch_size, g)
+            batches.append((x, *mask_tokens(lang, x, c, g)))
+        logits = vmap(forward)(params, buffers, torch.stack([b[1] for b in batches]))
+        loss = torch.stack(
+            [F.cross_entropy(z[m], x[m]) for z, (x, _, m) in zip(logits, batches)]
+        )
+        opt.zero_grad(set_to_none=True)
+        loss.sum().backward()
+        opt.step()
+        sched.step()
+        losses[:, step] = loss.detach()
+    out = []
+    for k, (c, model) in enumerate(zip(configs, models)):
+        model.load_state_dict({n: v[k].detach().clone() for n, v in params.items()})
+        model.eval()
+        out.append((model, losses[k]))
+    return out
 
 
 # -- the two fine-tuning settings
