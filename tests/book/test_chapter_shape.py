@@ -22,7 +22,6 @@ ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 NOT_YET_CONVERTED = {
-    "04-kernel-view",
     "06-in-context-learning",
 }
 

@@ -2,8 +2,10 @@
 dropped from the grid and counted, and never reaches a kernel; the fixed-hyperparameter
 analogs are validated against the grids they are read from."""
 
+import dataclasses
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -86,3 +88,144 @@ def test_analog_hyperparameters_must_be_in_the_grids():
         ch4.KernelExperimentConfig(
             analog_lr_scale=1.0, **{**grid, "kernel_regs": (1e-3, 1e-2)}
         )
+
+
+# -- the runners of the chapter's two pages, at a tiny config
+TINY = ch4.ChapterConfig(
+    d_model=8,
+    pretrain_steps=3,
+    pretrain_seeds=(0, 1),
+    narrow=4,
+    narrow_steps=2,
+    n_test=20,
+)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("FMLAB_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    yield ch4.setting(TINY)
+    mp.undo()
+
+
+def test_the_chapter_config_builds_the_pretraining_config():
+    pre = ch4.ChapterConfig().pretrain
+    assert pre == ch4.MLMPretrainConfig(
+        language=SentimentLanguageConfig(prior_positive=0.8)
+    )
+    assert ch4.ChapterConfig().widths == (16, 32)
+    with pytest.raises(ValueError):
+        ch4.ChapterConfig(pretrain_seeds=())
+
+
+def test_setting_scores_the_prompt_it_returns(tiny):
+    f = ch4.outputs(tiny.prompt_model, tiny.test.x_prompt)
+    assert tiny.zero_shot == ch4.sign_accuracy(f, tiny.test.y)
+    assert tiny.n_params == sum(p.numel() for p in tiny.prompt_model.parameters())
+    assert tiny.pretrain_losses.shape == (TINY.pretrain_steps,)
+    assert 0.5 < tiny.bayes_accuracy <= 1.0
+
+
+def test_lazy_grid_pairs_each_ridge_with_a_learning_rate():
+    grid = ch4.lazy_grid(30)
+    assert grid["sgd_lr_scales"] == (0.5, 1.0, 2.0)
+    assert grid["kernel_regs"] == pytest.approx(
+        [1 / 15, 1 / 30, 1 / 60, 1 / 120, 1 / 240]
+    )
+    cfg = ch4.KernelExperimentConfig(analog_lr_scale=1.0, adam_lrs=(5e-5,), **grid)
+    assert cfg.analog_reg("sgd") == pytest.approx(1 / 30)
+
+
+def test_best_multiple_residual_is_the_sine_of_the_angle():
+    a = torch.tensor([1.0, 2.0, -1.0], dtype=torch.float64)
+    k = torch.tensor([0.5, 0.0, 1.0], dtype=torch.float64)
+    cos = (a @ k) / (a.norm() * k.norm())
+    assert ch4.best_multiple_residual(a, k) == pytest.approx(float((1 - cos**2).sqrt()))
+    assert ch4.best_multiple_residual(a, -3 * a) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_signgd_steps_are_first_order(tiny):
+    step = ch4.signgd_steps(tiny, (1e-6, 1e-5), n_examples=2, n_eval=5, shots=2)
+    assert step.errors.shape == step.entk_residual.shape == (2, 2)
+    assert (step.errors[:, 0] < 1e-3).all()
+    ratio = step.errors[:, 1] / step.errors[:, 0]  # an error first order in the step
+    assert ((ratio > 5) & (ratio < 20)).all()
+
+
+def test_few_shot_runs_merge_the_experiments(tiny):
+    grid = ch4.lazy_grid(2)
+    configs = tuple(
+        ch4.KernelExperimentConfig(
+            shots=(k,), seeds=(0, 1, 2), n_test=20, methods="sgd", **grid
+        )
+        for k in (1, 2)
+    )
+    runs = ch4.few_shot_runs(TINY.pretrain, configs)
+    one = ch4.run_kernel_experiment(TINY.pretrain, configs[1])
+    key = ("prompt", "SGD-FT", 2)
+    assert runs.shots == (1, 2)
+    assert runs.accuracy[key].tolist() == one.accuracy[key]
+    assert runs.points(key[:2], ("standard", "SGD-FT"), 2) == pytest.approx(
+        [
+            100 * (a - b)
+            for a, b in zip(one.accuracy[key], one.accuracy[("standard", "SGD-FT", 2)])
+        ]
+    )
+    lin = runs.dynamics
+    assert runs.log_ratio("lin_error", 2) == pytest.approx(
+        np.log(
+            lin[("standard", "SGD", 2)]["lin_error"]
+            / lin[("prompt", "SGD", 2)]["lin_error"]
+        )
+    )
+    kc = [np.asarray(runs.by_lr[("prompt", k)]["kernel_change"]) for k in (1, 2)]
+    growth = np.concatenate([np.log(c[:, -1] / c[:, 0]) for c in kc])
+    assert runs.kernel_change_growth() == pytest.approx(growth)
+    assert runs.lr_scales == {1: grid["sgd_lr_scales"], 2: grid["sgd_lr_scales"]}
+    assert runs.diverged == sum(one.diverged.values()) + sum(
+        ch4.run_kernel_experiment(TINY.pretrain, configs[0]).diverged.values()
+    )
+
+
+def test_lora_kernel_meets_the_lemma_and_shrinks_with_rank(tiny):
+    cfg = ch4.LoRAKernelConfig(rank=2, ranks=(1, 64), projections=4, shots=2)
+    lora = ch4.lora_kernel(tiny, cfg)
+    assert lora.lemma_difference < 1e-4
+    err = {r: np.mean(lora.errors.errors[r]) for r in cfg.ranks}
+    assert err[64] < err[1]
+    assert lora.max_input_dim == 4 * TINY.d_model  # the MLP's second matrix
+
+
+def test_width_test_and_label_words(tiny):
+    stats = ch4.width_test(TINY)
+    assert set(stats) == {(m, w) for m in ("chi", "accuracy") for w in (4, 8)}
+    assert all(len(v) == 2 for v in stats.values())
+    assert 0 < ch4.bayes_output_derivative(tiny.lang, 2000) < 0.5
+    words = ch4.label_word_swap(tiny, shots=2, seeds=(0, 1))
+    f = ch4.outputs(
+        PromptClassifier(tiny.mlm, tiny.lang, label_words=("movie", "film")),
+        tiny.test.x_prompt,
+    )
+    assert words.zero_shot == ch4.sign_accuracy(f, tiny.test.y)
+    assert words.entk.shape == words.entk_natural.shape == (2,)
+
+
+def test_stacked_pretraining_matches_separate_runs(tmp_path, monkeypatch):
+    """Oracle: the same models trained one at a time by pretrain_masked_lm."""
+    monkeypatch.setenv("FMLAB_CACHE_DIR", str(tmp_path))
+    base = ch4.MLMPretrainConfig(
+        language=SentimentLanguageConfig(max_units=4), d_model=8, n_heads=2, steps=6
+    )
+    configs = tuple(dataclasses.replace(base, seed=s) for s in (0, 3))
+    stacked = ch4.pretrain_masked_lms_stacked(configs)
+    for config, (model, losses) in zip(configs, stacked):
+        alone, alone_losses = ch4.pretrain_masked_lm(config)
+        assert losses[0] == alone_losses[0]  # the first step's loss: bit for bit
+        torch.testing.assert_close(losses, alone_losses, rtol=1e-4, atol=1e-5)
+        # the functions (not every weight: the key bias of attention has a zero gradient
+        # in exact arithmetic, so Adam turns its rounding noise into steps of size lr)
+        x = ch4.test_set(SentimentLanguage(base.language), 20).x_prompt
+        torch.testing.assert_close(model(x), alone(x), rtol=1e-3, atol=1e-3)
+    with pytest.raises(ValueError, match="only in their seed"):
+        ch4.pretrain_masked_lms_stacked((base, dataclasses.replace(base, lr=1e-3)))

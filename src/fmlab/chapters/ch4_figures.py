@@ -1,6 +1,8 @@
-"""The figures of Chapter 4 (``notebooks/04-kernel-view.ipynb``), so that the chapter's
-cells hold the experiment and not the drawing. Every function returns a matplotlib
-``Figure``; none of them computes anything the chapter claims."""
+"""The figures, tables and sliders of Chapter 4 (``notebooks/04-kernel-view.ipynb`` and
+``notebooks/04b-natural-tasks-and-lora.ipynb``), so that the chapter's cells hold the
+experiment and not the drawing. Every function returns a matplotlib ``Figure``, a table
+(:func:`fmlab.viz.table`) or a slider figure; none of them computes anything the chapter
+claims."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from ..viz import PALETTE
+from ..viz import PALETTE, slider_figure, table
 
 __all__ = [
     "plot_pretraining",
@@ -19,6 +21,15 @@ __all__ = [
     "plot_lora_errors",
     "render_lora_rank",
     "render_learning_rate",
+    "few_shot_table",
+    "accuracies",
+    "laziness_table",
+    "laziness",
+    "linearization_slider",
+    "lora_rank_slider",
+    "width_table",
+    "timing_table",
+    "malladi_table",
 ]
 
 #: Colours of the methods, the same in every figure of the chapter.
@@ -287,3 +298,241 @@ def render_learning_rate(index, examples, lr_scales, f_lim):
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+# -- tables and sliders of the chapter's pages
+# -----------------------------------------------
+
+
+def _pct(v) -> str:
+    """Mean and standard error over runs, in accuracy points."""
+    v = 100 * np.asarray(v, dtype=float)
+    return f"{v.mean():.1f} ± {v.std(ddof=1) / np.sqrt(len(v)):.1f}"
+
+
+#: The rows of the accuracy table, in order.
+TABLE_METHODS = (
+    ("prompt", "zero-shot"),
+    ("prompt", "SGD-FT"),
+    ("prompt", "K-SGD"),
+    ("prompt", "Adam-FT"),
+    ("prompt", "K-A-SignGD"),
+    ("prompt", "K-SignGD"),
+    ("prompt", "LoRA-SGD-FT"),
+    ("prompt", "SGD-FT, fixed c"),
+    ("prompt", "K-SGD, analog ridge"),
+    ("prompt", "Adam-FT, fixed lr"),
+    ("prompt", "K-A-SignGD, analog ridge"),
+    ("standard", "LP"),
+    ("standard", "SGD-FT"),
+    ("standard", "K-SGD"),
+    ("bag of words", "LR"),
+)
+
+#: The bars of :func:`plot_kernel_accuracies`, in order.
+BARS = (
+    ("prompt", "SGD-FT"),
+    ("prompt", "K-SGD"),
+    ("prompt", "Adam-FT"),
+    ("prompt", "K-A-SignGD"),
+    ("prompt", "LoRA-SGD-FT"),
+    ("standard", "LP"),
+    ("standard", "SGD-FT"),
+    ("standard", "K-SGD"),
+    ("bag of words", "LR"),
+)
+
+
+def few_shot_table(runs, bayes_accuracy: float):
+    """Test accuracy of every method, mean ± standard error over runs, per k
+    (``runs``: a :class:`~fmlab.chapters.ch4_kernel_view.FewShotRuns`)."""
+    acc = runs.accuracy
+    rows = [
+        {"setting": setting, "method": method}
+        | {
+            f"k = {k}": _pct(acc[(setting, method, k)])
+            if (setting, method, k) in acc
+            else "–"
+            for k in runs.shots
+        }
+        for setting, method in TABLE_METHODS
+    ]
+    caption = (
+        "Test accuracy (%), mean ± standard error over runs ("
+        + ", ".join(f"{len(c.seeds)} at k = {c.shots[0]}" for c in runs.configs)
+        + f"); Bayes-optimal {100 * bayes_accuracy:.1f}%"
+    )
+    return table(rows, caption=caption)
+
+
+def accuracies(runs, zero_shot: float, bayes_accuracy: float):
+    """:func:`plot_kernel_accuracies` of the chapter's methods, with the zero-shot
+    prompt and the Bayes-optimal accuracy as reference lines."""
+    return plot_kernel_accuracies(
+        runs.accuracy,
+        runs.shots,
+        BARS,
+        {"prompt, zero-shot": zero_shot, "Bayes-optimal": bayes_accuracy},
+    )
+
+
+def laziness_table(runs):
+    """The kernel-behaviour measures of the runs validation chose, mean over runs."""
+    measures = {
+        "acc. f0": "acc0",
+        "acc. f_FT": "acc_ft",
+        "acc. f_lin": "acc_lin",
+        "linearization error": "lin_error",
+        "kernel change": "kernel_change",
+    }
+    rows = [
+        {"setting": setting, "optimizer": opt, "k": k}
+        | {
+            name: f"{np.nanmean(runs.dynamics[(setting, opt, k)][m]):.3f}"
+            for name, m in measures.items()
+        }
+        for setting, opt in (("prompt", "SGD"), ("prompt", "Adam"), ("standard", "SGD"))
+        for k in runs.shots
+        if (setting, opt, k) in runs.dynamics
+    ]
+    return table(
+        rows,
+        caption="Kernel behaviour of the runs chosen on validation data, mean over "
+        "runs",
+    )
+
+
+def laziness(runs):
+    """:func:`plot_laziness` of the whole learning-rate grid."""
+    return plot_laziness(runs.by_lr, runs.shots, runs.lr_scales)
+
+
+def linearization_slider(runs, k: int = 16):
+    """The SGD runs of the first run at ``k``, prompt-based and standard, for every
+    learning-rate scale of the grid: :func:`render_learning_rate` under a slider."""
+    example, lr_scales = runs.examples[k], runs.lr_scales[k]
+    f_lim = 1.05 * max(
+        float(torch.cat([ex["f_ft"].flatten(), ex["f_lin"].flatten()]).abs().max())
+        for ex in example.values()
+    )
+    return slider_figure(
+        lambda c: render_learning_rate(lr_scales.index(c), example, lr_scales, f_lim),
+        {"c": list(lr_scales)},
+        labels={"c": "learning rate c"},
+        initial={"c": 1},
+    )
+
+
+def lora_rank_slider(lora, ranks, err_mean, err_sd):
+    """:func:`render_lora_rank` under a slider over the ranks (``lora``: a
+    :class:`~fmlab.chapters.ch4_kernel_view.LoRAKernel`)."""
+    return slider_figure(
+        lambda rank: render_lora_rank(
+            rank, lora.errors.k_full, lora.errors.examples, ranks, err_mean, err_sd
+        ),
+        {"rank": list(ranks)},
+        labels={"rank": "LoRA rank k"},
+        initial={"rank": 3},
+    )
+
+
+def width_table(width_stats: dict, widths, floor: float):
+    """Zero-shot accuracy and mean |chi| of each pretrained model, per width and
+    seed, beside the paper's base-vs-large comparison."""
+    rows = [
+        {
+            "width": str(w),
+            "zero-shot accuracy, per seed": ", ".join(
+                f"{a:.3f}" for a in width_stats[("accuracy", w)]
+            ),
+            "mean |χ|, per seed": ", ".join(
+                f"{c:.3f}" for c in width_stats[("chi", w)]
+            ),
+            "mean |χ|": f"{np.mean(width_stats[('chi', w)]):.3f}",
+        }
+        for w in widths
+    ]
+    return table(
+        rows,
+        caption=f"The prompt at θ0, per pretraining seed; floor of mean |χ| (the Bayes "
+        f"posterior) {floor:.3f}; paper, base vs large: 0.32 vs 0.32 (SST-2), 0.32 vs "
+        "0.25 (MR)",
+    )
+
+
+def timing_table(bench: dict):
+    """CPU times of the three ways to the eNTK's Jacobian and of the Gram product
+    (from :func:`fmlab.theory.kernels.time_entk`), behind the sign ⏱."""
+    names = {
+        "jacobian_torch_func": "Jacobian by torch.func vmap(jacrev)",
+        "jacobian_loop": "Jacobian by a per-example loop",
+        "jacobian_batched": "Jacobian by batched backward + einsum",
+        "gram": "Gram product J Jᵀ",
+    }
+    rows = [
+        {"step": label, "CPU time, best of 3": f"⏱ {1000 * bench[k]:.1f} ms"}
+        for k, label in names.items()
+    ]
+    return table(
+        rows,
+        caption=f"eNTK of {bench['n']} sentences, {bench['parameters']:,} parameters",
+    )
+
+
+def malladi_table(runs, zero_shot: float, n_params: int, d_model: int):
+    """The paper's SST-2 numbers (%, 16 / 64 shots per class) beside this chapter's
+    (%, mean over runs, k = 4 / 16 / 64)."""
+    acc, dyn = runs.accuracy, runs.dynamics
+
+    def row(setting, method):
+        return " / ".join(
+            f"{100 * acc[(setting, method, k)].mean():.1f}"
+            if (setting, method, k) in acc
+            else "–"
+            for k in runs.shots
+        )
+
+    lin = dyn[("prompt", "SGD", 16)]
+    rows = [
+        ("zero-shot prompt", "79.0", f"{100 * zero_shot:.1f}"),
+        ("prompt-based SGD-FT", "89.0 / 89.7", row("prompt", "SGD-FT")),
+        ("prompt-based eNTK K(SGD)", "88.3 / 89.2", row("prompt", "K-SGD")),
+        ("prompt-based Adam-FT", "88.3 / 89.3", row("prompt", "Adam-FT")),
+        ("K(A-SignGD)", "88.3 / 89.1", row("prompt", "K-A-SignGD")),
+        ("SGD-LoRA-FT", "89.1 (16 shots)", row("prompt", "LoRA-SGD-FT")),
+        ("standard SGD-FT (LP head)", "79.7 / 85.6", row("standard", "SGD-FT")),
+        ("standard eNTK", "62.3 / 77.7", row("standard", "K-SGD")),
+        ("bag of words", "–", row("bag of words", "LR")),
+        (
+            "Linearization, prompt SGD-FT, 16 shots: Taylor vs FT",
+            "87.5 vs 88.3 (Adam)",
+            f"{100 * np.nanmean(lin['acc_lin']):.1f} vs "
+            f"{100 * np.nanmean(lin['acc_ft']):.1f}",
+        ),
+        (
+            "Fixed Features: kernel change, prompt SGD-FT, 16 / 64",
+            "0.1–1 on sentiment",
+            " / ".join(
+                f"{np.nanmean(dyn[('prompt', 'SGD', k)]['kernel_change']):.2f}"
+                for k in (16, 64)
+            ),
+        ),
+        (
+            "model",
+            "RoBERTa-base, 12 layers, width 768",
+            f"2 layers, width {d_model}, {n_params:,} parameters",
+        ),
+        ("data", "14 natural-language tasks", "one generated language with negation"),
+        (
+            "seeds",
+            "5 few-shot draws",
+            " / ".join(str(len(c.seeds)) for c in runs.configs)
+            + " runs at k = 4 / 16 / 64",
+        ),
+    ]
+    return table(
+        [
+            {"": a, "paper (SST-2, RoBERTa-base)": b, "this chapter": c}
+            for a, b, c in rows
+        ]
+    )

@@ -23,7 +23,13 @@ regression (:func:`fmlab.theory.kernels.fit_kernel_logistic`). Every learning ra
 every ridge is chosen on a validation set of the same size as the training set (``k``
 examples per class), never on the test set (:func:`run_kernel_experiment`).
 
-Used in Chapter 4 (``notebooks/04-kernel-view.ipynb``).
+The runners at the end (:func:`setting`, :func:`signgd_steps`, :func:`few_shot_runs`,
+:func:`width_test`, :func:`lora_kernel`, :func:`entk_timing`,
+:func:`label_word_swap`) return what one section of a chapter page shows.
+
+Used in Chapter 4: ``notebooks/04-kernel-view.ipynb`` (the kernel view tested on
+few-shot runs) and ``notebooks/04b-natural-tasks-and-lora.ipynb`` (natural tasks,
+LoRA's kernel and the cost of an eNTK).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import copy
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -51,6 +58,7 @@ from ..train import cached, progress
 __all__ = [
     "MLMPretrainConfig",
     "pretrain_masked_lm",
+    "pretrain_masked_lms_stacked",
     "FewShotTask",
     "few_shot_task",
     "test_set",
@@ -74,6 +82,24 @@ __all__ = [
     "lora_kernel_errors",
     "output_derivative_by_width",
     "entk_accuracy",
+    "ChapterConfig",
+    "Setting",
+    "setting",
+    "bag_of_words_accuracy",
+    "best_multiple_residual",
+    "SignGDSteps",
+    "signgd_steps",
+    "lazy_grid",
+    "FewShotRuns",
+    "few_shot_runs",
+    "bayes_output_derivative",
+    "LoRAKernelConfig",
+    "LoRAKernel",
+    "lora_kernel",
+    "entk_timing",
+    "LabelWords",
+    "label_word_swap",
+    "width_test",
 ]
 
 
@@ -202,6 +228,81 @@ def pretrain_masked_lm(
     model.load_state_dict(entry["state"])
     model.eval()
     return model, entry["losses"]
+
+
+def pretrain_masked_lms_stacked(
+    configs: tuple[MLMPretrainConfig, ...],
+) -> list[tuple[TinyTransformer, torch.Tensor]]:
+    """Pretrain masked LMs that differ only in their seed at once, as stacked weights.
+
+    The models' parameters are stacked along a leading axis of size ``K``
+    (:func:`torch.func.stack_module_state`), one forward pass computes all of them
+    (``vmap`` of :func:`torch.func.functional_call`: batched matmuls), the loss is the
+    sum of the models' own masked-LM losses on their own batches (each seed keeps its
+    data stream, as in :func:`pretrain_masked_lm`), and one fused AdamW step updates
+    every model (AdamW acts element by element, so each model sees its own update).
+    Returns ``(model, losses)`` per config, as :func:`pretrain_masked_lm` does, without
+    the cache.
+
+    Not bit-for-bit equal to separate runs: the forward pass is, but under ``vmap`` the
+    gradients of the layer norms' weights and biases are summed in another order
+    (differences of about 1e-7 after one step), which Adam carries on. Nor is it much
+    faster on one CPU thread at the chapter's sizes, where a step is arithmetic rather
+    than per-call overhead (``scripts/bench_stacked_pretraining.py``: about 1.0-1.1x).
+    So the chapter's models are still trained one at a time; ``tests/chapters`` checks
+    the two against each other to float tolerance.
+    """
+    import dataclasses
+
+    from torch.func import functional_call, stack_module_state, vmap
+
+    configs = tuple(configs)
+    if not configs or not all(isinstance(c, MLMPretrainConfig) for c in configs):
+        raise TypeError("configs must be a non-empty tuple of MLMPretrainConfig")
+    first = dataclasses.replace(configs[0], seed=0)
+    if any(dataclasses.replace(c, seed=0) != first for c in configs):
+        raise ValueError("the configs must differ only in their seed")
+    cfg, lang = configs[0], SentimentLanguage(configs[0].language)
+    models = []
+    for c in configs:
+        seed_everything(c.seed)
+        models.append(TinyTransformer(_model_config(lang, c), seed=c.seed))
+    stacked, buffers = stack_module_state(models)
+    params = {k: v.detach().clone().requires_grad_(True) for k, v in stacked.items()}
+    skeleton = copy.deepcopy(models[0]).to("meta")
+    skeleton.train()
+
+    def forward(p, b, x):
+        return functional_call(skeleton, (p, b), (x,))
+
+    gens = [make_generator(c.seed + 1) for c in configs]
+    opt = torch.optim.AdamW(
+        list(params.values()), lr=cfg.lr, weight_decay=0.01, fused=True
+    )
+    sched = torch.optim.lr_scheduler.OneCycleLR(
+        opt, max_lr=cfg.lr, total_steps=cfg.steps, pct_start=0.1
+    )
+    losses = torch.empty(len(configs), cfg.steps)
+    for step in progress(range(cfg.steps), total=cfg.steps, desc="pretraining"):
+        batches = []
+        for c, g in zip(configs, gens):
+            x = lang.sample_pretraining(c.batch_size, g)
+            batches.append((x, *mask_tokens(lang, x, c, g)))
+        logits = vmap(forward)(params, buffers, torch.stack([b[1] for b in batches]))
+        loss = torch.stack(
+            [F.cross_entropy(z[m], x[m]) for z, (x, _, m) in zip(logits, batches)]
+        )
+        opt.zero_grad(set_to_none=True)
+        loss.sum().backward()
+        opt.step()
+        sched.step()
+        losses[:, step] = loss.detach()
+    out = []
+    for k, (c, model) in enumerate(zip(configs, models)):
+        model.load_state_dict({n: v[k].detach().clone() for n, v in params.items()})
+        model.eval()
+        out.append((model, losses[k]))
+    return out
 
 
 # -- the two fine-tuning settings
@@ -1224,3 +1325,358 @@ def entk_accuracy(
         y = {"train": train.y, "val": train.y[:1], "test": test.y}
         out.append(_kernel_fits(j, f0, y, (reg_rel,), ("sgd",))[0]["sgd"][0])
     return out
+
+
+# -- the chapter's pages: the setting, and runners that return what a section shows
+# ---------
+@dataclass(frozen=True)
+class ChapterConfig:
+    """The pretrained models and the shared test set of Chapter 4 (both pages).
+
+    The model of the experiments is :attr:`pretrain` (seed 0); the width test of
+    naturalness pretrains every seed of ``pretrain_seeds`` at width ``d_model`` and at
+    the narrow width ``narrow`` (for ``narrow_steps`` steps).
+    """
+
+    prior_positive: float = 0.8  # share of positive pretraining documents
+    d_model: int = 32
+    pretrain_steps: int = 2000
+    pretrain_seeds: tuple[int, ...] = (0, 1, 2)
+    narrow: int = 16
+    narrow_steps: int = 3000
+    n_test: int = 1000
+
+    def __post_init__(self):
+        check_float("prior_positive", self.prior_positive, minimum=0.0, maximum=1.0)
+        for name in ("d_model", "pretrain_steps", "narrow", "narrow_steps"):
+            check_int(name, getattr(self, name), minimum=1)
+        if not isinstance(self.pretrain_seeds, tuple) or not self.pretrain_seeds:
+            raise ValueError("pretrain_seeds must be a non-empty tuple")
+        check_int("n_test", self.n_test, minimum=2)
+
+    @property
+    def pretrain(self) -> MLMPretrainConfig:
+        """The pretraining of the model of the experiments (seed 0)."""
+        return MLMPretrainConfig(
+            language=SentimentLanguageConfig(prior_positive=self.prior_positive),
+            d_model=self.d_model,
+            steps=self.pretrain_steps,
+        )
+
+    @property
+    def widths(self) -> tuple[int, int]:
+        """The two widths of the naturalness test, narrow first."""
+        return (self.narrow, self.d_model)
+
+
+@dataclass
+class Setting:
+    """The language, the pretrained model of the experiments and the shared test set
+    (:func:`setting`)."""
+
+    config: ChapterConfig
+    lang: SentimentLanguage
+    mlm: TinyTransformer
+    pretrain_losses: torch.Tensor  # the masked-LM loss at every pretraining step
+    test: FewShotTask
+    prompt_model: PromptClassifier  # f_prompt with the label words great / terrible
+    zero_shot: float  # test accuracy of the prompt, no example seen
+    bayes_accuracy: float  # Bayes-optimal accuracy on the task
+    n_params: int  # parameters of the prompt-based model
+
+
+def setting(config: ChapterConfig = ChapterConfig()) -> Setting:
+    """Pretrain (or load from the cache) the model of the experiments, draw the test
+    set, and score the zero-shot prompt; see :class:`Setting`."""
+    if not isinstance(config, ChapterConfig):
+        raise TypeError(f"config must be a ChapterConfig, got {type(config).__name__}")
+    lang = SentimentLanguage(config.pretrain.language)
+    mlm, losses = pretrain_masked_lm(config.pretrain)
+    test = test_set(lang, config.n_test)
+    prompt_model = PromptClassifier(mlm, lang)
+    zero_shot = sign_accuracy(outputs(prompt_model, test.x_prompt), test.y)
+    return Setting(
+        config=config,
+        lang=lang,
+        mlm=mlm,
+        pretrain_losses=losses,
+        test=test,
+        prompt_model=prompt_model,
+        zero_shot=zero_shot,
+        bayes_accuracy=lang.bayes_accuracy(),
+        n_params=sum(p.numel() for p in prompt_model.parameters()),
+    )
+
+
+def bag_of_words_accuracy(
+    lang: SentimentLanguage, n: int = 20_000, *, reg: float = 1e-3, seed: int = 99
+) -> float:
+    """Test accuracy of a linear bag of words (logistic regression on word counts,
+    ridge ``reg``) trained on ``n`` task reviews and tested on ``n`` others."""
+    if not isinstance(lang, SentimentLanguage):
+        raise TypeError(f"lang must be a SentimentLanguage, got {type(lang).__name__}")
+    n = check_int("n", n, minimum=1)
+    s, w, _ = lang.sample_sentences(2 * n, make_generator(seed), domain="task")
+    bow_w, bow_b = fit_logistic_regression(
+        lang.bag_of_words(w[:n]), s[:n].double(), reg=reg
+    )
+    return sign_accuracy(
+        (lang.bag_of_words(w[n:]).double() @ bow_w + bow_b).float(), s[n:].float()
+    )
+
+
+def best_multiple_residual(change: torch.Tensor, column: torch.Tensor) -> float:
+    """:math:`\\lVert a - c\\,k\\rVert / \\lVert a\\rVert` for the best scalar
+    :math:`c`: how well a multiple of the kernel column ``k`` describes the change
+    ``a``."""
+    c = (change @ column) / (column @ column)
+    return float((change - c * column).norm() / change.norm())
+
+
+@dataclass
+class SignGDSteps:
+    """Output of :func:`signgd_steps`: Theorem 4.3 checked on single steps."""
+
+    lrs: tuple
+    checks: list  # one SignGDStepCheck per training example
+    errors: np.ndarray  # (example, lr): relative error of the A-SignGD prediction
+    entk_residual: np.ndarray  # (example, lr): best multiple of the eNTK column
+
+
+def signgd_steps(
+    s: Setting,
+    lrs: tuple[float, ...],
+    *,
+    n_examples: int = 3,
+    n_eval: int = 100,
+    shots: int = 16,
+) -> SignGDSteps:
+    """One SignGD step on each of the first ``n_examples`` examples of the first
+    ``shots``-shot training set, evaluated on ``n_eval`` test sentences, for each
+    learning rate (:func:`signgd_step_check`); with the eNTK column's best multiple
+    for contrast."""
+    train = few_shot_task(s.lang, shots, seed=0)
+    checks = [
+        signgd_step_check(
+            s.prompt_model,
+            train.x_prompt[i],
+            float(train.y[i]),
+            s.test.x_prompt[:n_eval],
+            lrs,
+        )
+        for i in range(check_int("n_examples", n_examples, minimum=1))
+    ]
+    return SignGDSteps(
+        lrs=tuple(lrs),
+        checks=checks,
+        errors=np.array([c.rel_error for c in checks]),
+        entk_residual=np.array(
+            [[best_multiple_residual(a, c.k_sgd) for a in c.actual] for c in checks]
+        ),
+    )
+
+
+def lazy_grid(steps: int) -> dict:
+    """The grids of lazy fine-tuning for ``steps`` full-batch steps: SGD scales
+    :math:`c \\in \\{1/2, 1, 2\\}` and the ridges :math:`1/(cT)` that match
+    :math:`c \\in \\{1/2, 1, 2, 4, 8\\}` (keyword arguments of
+    :class:`KernelExperimentConfig`)."""
+    steps = check_int("steps", steps, minimum=1)
+    regs = tuple(1 / (c * steps) for c in (0.5, 1, 2, 4, 8))
+    return dict(steps=steps, sgd_lr_scales=(0.5, 1.0, 2.0), kernel_regs=regs)
+
+
+@dataclass
+class FewShotRuns:
+    """The experiments of :func:`few_shot_runs`, one per number of shots, merged.
+
+    ``accuracy[(setting, method, k)]``: test accuracies per run (an array);
+    ``dynamics[(setting, optimizer, k)][measure]``: the kernel-behaviour measures of
+    the chosen runs (arrays); ``by_lr[(setting, k)]``, ``chosen`` and ``examples[k]``
+    as in :class:`KernelExperiment`; ``diverged``: the fine-tuning candidates that
+    diverged (dropped), all runs together.
+    """
+
+    configs: tuple
+    accuracy: dict
+    dynamics: dict
+    by_lr: dict
+    chosen: dict
+    examples: dict
+    lr_scales: dict  # k -> the SGD learning-rate scales of its grid
+    diverged: int
+
+    @property
+    def shots(self) -> tuple[int, ...]:
+        return tuple(k for c in self.configs for k in c.shots)
+
+    def points(self, a: tuple[str, str], b: tuple[str, str], k: int) -> np.ndarray:
+        """Per-run difference of two (setting, method) test accuracies at ``k``, in
+        points (paired by run)."""
+        return 100 * (self.accuracy[(*a, k)] - self.accuracy[(*b, k)])
+
+    def log_ratio(self, measure: str, k: int) -> np.ndarray:
+        """log(standard / prompt) of a laziness measure in the SGD runs validation
+        chose, per run."""
+        return np.log(
+            self.dynamics[("standard", "SGD", k)][measure]
+            / self.dynamics[("prompt", "SGD", k)][measure]
+        )
+
+    def kernel_change_growth(self) -> np.ndarray:
+        """log(kernel change at the largest c / at the smallest), prompt-based SGD,
+        one value per run, every k in turn."""
+        return np.concatenate(
+            [
+                np.log(
+                    np.asarray(self.by_lr[("prompt", k)]["kernel_change"], dtype=float)
+                )[:, -1]
+                - np.log(
+                    np.asarray(self.by_lr[("prompt", k)]["kernel_change"], dtype=float)
+                )[:, 0]
+                for k in self.shots
+            ]
+        )
+
+
+def few_shot_runs(
+    pretrain: MLMPretrainConfig, configs: tuple[KernelExperimentConfig, ...]
+) -> FewShotRuns:
+    """:func:`run_kernel_experiment` for each config (cached), merged; see
+    :class:`FewShotRuns`."""
+    if not configs:
+        raise ValueError("configs must hold at least one KernelExperimentConfig")
+    res = {c.shots: run_kernel_experiment(pretrain, c) for c in configs}
+    return FewShotRuns(
+        configs=tuple(configs),
+        accuracy={
+            key: np.array(v) for r in res.values() for key, v in r.accuracy.items()
+        },
+        dynamics={
+            key: {m: np.array(v) for m, v in d.items()}
+            for r in res.values()
+            for key, d in r.dynamics.items()
+        },
+        by_lr={key: v for r in res.values() for key, v in r.by_lr.items()},
+        chosen={key: v for r in res.values() for key, v in r.chosen.items()},
+        examples={k: r.example for r in res.values() for k in r.config.shots},
+        lr_scales={
+            k: r.config.sgd_lr_scales for r in res.values() for k in r.config.shots
+        },
+        diverged=sum(n for r in res.values() for n in r.diverged.values()),
+    )
+
+
+def bayes_output_derivative(
+    lang: SentimentLanguage, n: int = 200_000, *, seed: int = 321
+) -> float:
+    """Mean :math:`|\\chi|` of the Bayes posterior's log-odds on ``n`` task reviews:
+    the floor of the output derivative that no model can go below."""
+    s, w, _ = lang.sample_sentences(n, make_generator(seed), domain="task")
+    return float(
+        output_derivative(lang.log_odds(w, domain="task"), s.double()).abs().mean()
+    )
+
+
+@dataclass(frozen=True)
+class LoRAKernelConfig:
+    """The LoRA kernel study: the lemma at ``rank`` (projection seed 0), and the error
+    of the projected kernel for every rank in ``ranks`` over ``projections`` random
+    projections, on the training sentences of the first ``shots``-shot run."""
+
+    rank: int = 8
+    ranks: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    projections: int = 20
+    shots: int = 16
+
+
+@dataclass
+class LoRAKernel:
+    """Output of :func:`lora_kernel`."""
+
+    lemma_difference: float  # max |K(LoRA model) - projection formula| / max |formula|
+    errors: LoRAKernelErrors
+    max_input_dim: int  # the largest input dimension of an adapted matrix
+
+
+def lora_kernel(
+    s: Setting, config: LoRAKernelConfig = LoRAKernelConfig()
+) -> LoRAKernel:
+    """The LoRA lemma (the eNTK of the LoRA model, by ``torch.func`` on the factors,
+    against :func:`~fmlab.theory.kernels.lora_projected_kernel` of the weight
+    gradients) and the theorem's errors (:func:`lora_kernel_errors`)."""
+    from ..adapt.lora import apply_lora, weight_gradients
+    from ..theory.kernels import empirical_ntk, lora_projected_kernel
+
+    x = few_shot_task(s.lang, config.shots, seed=0).x_prompt
+    lora = apply_lora(s.prompt_model, config.rank, seed=0)
+    grads = weight_gradients(s.prompt_model, x)
+    k_model = empirical_ntk(lora, x)
+    k_formula = lora_projected_kernel(
+        grads, grads, {name: lora.get_submodule(name).lora_A.detach() for name in grads}
+    )
+    return LoRAKernel(
+        lemma_difference=float(
+            (k_model - k_formula).abs().max() / k_formula.abs().max()
+        ),
+        errors=lora_kernel_errors(
+            s.prompt_model, x, config.ranks, seeds=tuple(range(config.projections))
+        ),
+        max_input_dim=max(g.shape[2] for g in grads.values()),
+    )
+
+
+def entk_timing(s: Setting, n: int = 64, *, repeats: int = 3) -> dict:
+    """:func:`fmlab.theory.kernels.time_entk` on the kernel of the weight matrices of
+    the transformer blocks (LoRA's targets), for ``n`` test sentences."""
+    from ..adapt.lora import only_targets_trainable
+    from ..theory.kernels import time_entk
+
+    return time_entk(
+        only_targets_trainable(s.prompt_model), s.test.x_prompt[:n], repeats=repeats
+    )
+
+
+@dataclass
+class LabelWords:
+    """Output of :func:`label_word_swap`."""
+
+    zero_shot: float  # test accuracy of the prompt with the new label words
+    chi: float  # mean |chi| at theta_0 on the test set, new label words
+    entk: np.ndarray  # eNTK accuracy per run, new label words
+    entk_natural: np.ndarray  # the same runs with great / terrible
+
+
+def label_word_swap(
+    s: Setting,
+    label_words: tuple[str, str] = ("movie", "film"),
+    *,
+    shots: int = 16,
+    seeds: tuple[int, ...] = (0, 1, 2),
+) -> LabelWords:
+    """The prompt with other label words: its zero-shot accuracy and :math:`|\\chi|`,
+    and eNTK regression (:func:`entk_accuracy`) with them and with the natural ones."""
+    unnatural = PromptClassifier(s.mlm, s.lang, label_words=label_words)
+    f = outputs(unnatural, s.test.x_prompt)
+    runs = [few_shot_task(s.lang, shots, seed) for seed in seeds]
+    return LabelWords(
+        zero_shot=sign_accuracy(f, s.test.y),
+        chi=output_derivative(f, s.test.y).abs().mean().item(),
+        entk=np.array(entk_accuracy(unnatural, runs, s.test)),
+        entk_natural=np.array(entk_accuracy(s.prompt_model, runs, s.test)),
+    )
+
+
+def width_test(config: ChapterConfig = ChapterConfig()) -> dict:
+    """:func:`output_derivative_by_width` for the chapter's models: every seed of
+    ``config.pretrain_seeds`` at the narrow width (``narrow_steps`` steps) and at
+    ``d_model`` (``pretrain_steps``), on the chapter's test set."""
+    if not isinstance(config, ChapterConfig):
+        raise TypeError(f"config must be a ChapterConfig, got {type(config).__name__}")
+    return output_derivative_by_width(
+        config.pretrain,
+        widths=config.widths,
+        seeds=config.pretrain_seeds,
+        steps=(config.narrow_steps, config.pretrain_steps),
+        n_test=config.n_test,
+    )
