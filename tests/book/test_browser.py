@@ -326,7 +326,6 @@ MIN_FIGURE_SCALE = 0.9
 UNCAPTIONED = {
     "notebooks/04-kernel-view",
     "notebooks/05-implicit-bias",
-    "notebooks/06-in-context-learning",
 }
 
 

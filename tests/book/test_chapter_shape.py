@@ -23,7 +23,6 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 NOT_YET_CONVERTED = {
     "04-kernel-view",
-    "06-in-context-learning",
 }
 
 MAX_CELL, MAX_IMPORT_CELL, MAX_PAGE, MAX_HIDDEN = 25, 10, 400, 2
