@@ -179,7 +179,9 @@ def posterior_slider(
             title=f"one prompt: Bayes predicts '{names[int(res.prediction[0])]}', "
             f"label '{names[int(pr.labels[0])]}'",
         )
-        ax1.set_yticks([1e-30, 1e-20, 1e-10, 1.0])  # few ticks: log axes draw slowly
+        ax1.set_yticks(  # few ticks, plain labels: log axes draw slowly
+            [1e-30, 1e-20, 1e-10, 1.0], ["1e-30", "1e-20", "1e-10", "1"]
+        )
         ax1.minorticks_off()
         j = bks.index(k)
         ax2.plot(
