@@ -325,7 +325,6 @@ MIN_FIGURE_SCALE = 0.9
 # pages whose figures do not have numbered captions yet (issue 28); shrinks to empty
 UNCAPTIONED = {
     "notebooks/05-implicit-bias",
-    "notebooks/06-in-context-learning",
 }
 
 

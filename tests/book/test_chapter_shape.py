@@ -21,9 +21,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
-NOT_YET_CONVERTED = {
-    "06-in-context-learning",
-}
+NOT_YET_CONVERTED: set[str] = set()
 
 MAX_CELL, MAX_IMPORT_CELL, MAX_PAGE, MAX_HIDDEN = 25, 10, 400, 2
 HAND_TABLE = re.compile(r"\{[^{}]*:[<>^]\d+|\.ljust\(|\.rjust\(|<table|<tr>")

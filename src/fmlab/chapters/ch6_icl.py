@@ -12,7 +12,9 @@ In-context **accuracy** is the fraction of prompts whose predicted next token (t
 argmax of the model's next-token distribution after the prompt) equals the prompt's
 label.
 
-Used in Chapter 6 (``notebooks/06-in-context-learning.ipynb``).
+Used in Chapter 6 (``notebooks/06b-icl-transformer.ipynb``; the first page,
+``notebooks/06-in-context-learning.ipynb``, uses the config and the Bayes-only
+evaluation through :mod:`fmlab.chapters.ch6_bayes`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from ..data.ginc import (
     GINCConfig,
     Prompts,
     ginc_bayes_predictor,
+    ginc_preset,
     prompt_length,
 )
 from ..models.gpt import CausalLM, GPTConfig
@@ -65,6 +68,12 @@ __all__ = [
     "prompt_example_losses",
     "OrderSensitivity",
     "order_sensitivity",
+    "Chapter6Config",
+    "TransformerICL",
+    "transformer_in_context",
+    "BoundaryDiagnostics",
+    "boundary_diagnostics",
+    "order_experiment",
 ]
 
 _ARCHS = ("transformer", "lstm")
@@ -992,3 +1001,288 @@ def order_sensitivity(
         model_changed=float((m_pred != m_pred[0]).any(0).double().mean()),
         bayes_changed=float((b_pred != b_pred[0]).any(0).double().mean()),
     )
+
+
+# -- the chapter's configuration and runners ------------------------------------------
+@dataclass(frozen=True)
+class Chapter6Config:
+    """The world, the transformers and the evaluation of Chapter 6 (both pages).
+
+    The world is the ``"cpu"`` preset at the paper's largest vocabulary; the models are
+    ``len(model_seeds)`` causal transformers trained on windows inside documents with
+    random state jumps at rate ``corpus_eps`` (:meth:`pretrain_config`). Prompts have
+    ``ns`` examples of the lengths ``ks`` (the transformer and the Bayes predictor) or
+    ``bayes_ks`` (the Bayes predictor alone), ``n_prompts`` (``n_prompts_bayes`` where
+    only the Bayes predictor is evaluated) per point and evaluation seed; the Bayes
+    predictor is smoothed by ``epsilon``.
+    """
+
+    world: GINCConfig = ginc_preset("cpu", vocab_size=150)  # the paper's largest V
+    width: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    dropout: float = 0.0
+    window: int = 64
+    steps: int = 1500
+    lr: float = 3e-3
+    warmup: int = 225
+    corpus_eps: float = 0.05
+    model_seeds: tuple = (0, 1)
+    ns: tuple = (0, 1, 2, 4, 8)
+    ks: tuple = (3, 5)
+    bayes_ks: tuple = (3, 5, 8, 10)
+    eval_seeds: tuple = (1, 2, 3, 4, 5)
+    n_prompts: int = 800
+    n_prompts_bayes: int = 400
+    epsilon: float = 0.01
+
+    def pretrain_config(self, seed: int = 0) -> GINCPretrainConfig:
+        """The :class:`GINCPretrainConfig` of the training run with ``seed``."""
+        return GINCPretrainConfig(
+            world=self.world,
+            arch="transformer",
+            width=self.width,
+            n_layers=self.n_layers,
+            n_heads=self.n_heads,
+            dropout=self.dropout,
+            window=self.window,
+            steps=self.steps,
+            lr=self.lr,
+            warmup=self.warmup,
+            schedule="linear",
+            corpus="documents",  # windows inside one document, no separator
+            corpus_eps=self.corpus_eps,
+            seed=seed,
+        )
+
+
+_SPLITS = ("seen", "unseen")
+
+
+@dataclass(frozen=True)
+class TransformerICL:
+    """The trained transformers of :class:`Chapter6Config` and their in-context
+    evaluation (:func:`transformer_in_context`).
+
+    ``grids[split][r]`` is the list of :class:`ICLGrid` (one per evaluation seed) of
+    training run ``r`` on prompts from the ``split`` concepts (``"seen"`` or
+    ``"unseen"``); every run reads the same prompts. ``val_loss`` holds each run's
+    validation loss; ``losses`` and ``cpu_seconds`` are the first run's training losses
+    per step and training time. ``bayes_loss`` is the Bayes-optimal loss on documents
+    of ``window + 1`` tokens, ``unigram`` the entropy of the corpus's token frequencies
+    (the best context-free loss), ``chance_unseen[k]`` the accuracy on unseen concepts
+    of a learner that picks a pretraining concept at random
+    (:func:`random_concept_accuracy`).
+    """
+
+    ns: tuple
+    ks: tuple
+    model: str
+    grids: dict
+    val_loss: tuple
+    losses: torch.Tensor
+    cpu_seconds: float
+    n_params: int
+    tokens_seen: int
+    bayes_loss: float
+    unigram: float
+    chance_unseen: dict
+
+    def stack(
+        self, split: str, attr: str, *, run: int = 0, bayes: bool = False
+    ) -> np.ndarray:
+        """One quantity of run ``run``'s grids as an array (evaluation seeds, n, k):
+        ``attr`` is ``"accuracy"``, ``"agreement"`` or ``"chance_agreement"`` (the
+        model's), or with ``bayes=True`` an attribute of the Bayes predictor
+        (``"bayes_accuracy"``, ``"true_posterior"``)."""
+        check_choice("split", split, _SPLITS)
+        grids = self.grids[split][run]
+        vals = [
+            getattr(g, attr) if bayes else getattr(g, attr)[self.model] for g in grids
+        ]
+        return torch.stack(vals).numpy()
+
+    def gains(self, split: str, k: int, *, run: int = 0, bayes: bool = False):
+        """Accuracy at the largest ``n`` minus at ``n = 0``, one per evaluation seed
+        (:func:`gain_per_seed`), of run ``run`` (or of the Bayes predictor)."""
+        name = None if bayes else self.model
+        return gain_per_seed(self.grids[split][run], k, name=name)
+
+    def pooled_gain(self, split: str, k: int) -> np.ndarray:
+        """The gains of every training run x evaluation seed, concatenated."""
+        return np.concatenate(
+            [gain_per_seed(g, k, name=self.model) for g in self.grids[split]]
+        )
+
+
+def transformer_in_context(cfg: Chapter6Config) -> TransformerICL:
+    """Pretrain the transformers of ``cfg`` (one per model seed) and evaluate each, with
+    the Bayes predictor, on the same prompts from seen and from unseen concepts (every
+    step cached by :func:`pretrain_ginc_lm` and :func:`evaluate_in_context`)."""
+    if not isinstance(cfg, Chapter6Config):
+        raise TypeError(f"cfg must be a Chapter6Config, got {type(cfg).__name__}")
+    runs = [pretrain_ginc_lm(cfg.pretrain_config(s)) for s in cfg.model_seeds]
+    grids = {
+        split: [
+            evaluate_in_context(
+                cfg.pretrain_config(s),
+                cfg.ns,
+                cfg.ks,
+                n_prompts=cfg.n_prompts,
+                concepts=split,
+                seeds=cfg.eval_seeds,
+                epsilon=cfg.epsilon,
+            )
+            for s in cfg.model_seeds
+        ]
+        for split in _SPLITS
+    }
+    world = GINC(cfg.world)
+    pcfg = cfg.pretrain_config()
+    corpus = world.pretraining_corpus()
+    freq = torch.bincount(corpus, minlength=cfg.world.vocab_size).double() / len(corpus)
+    chance = {
+        k: random_concept_accuracy(
+            world,
+            world.sample_prompts(1000, 0, k, make_generator(40 + k), concepts="unseen"),
+        )
+        for k in cfg.ks
+    }
+    return TransformerICL(
+        ns=tuple(cfg.ns),
+        ks=tuple(cfg.ks),
+        model=pcfg.arch,
+        grids=grids,
+        val_loss=tuple(float(r["val_loss"]) for r in runs),
+        losses=runs[0]["losses"],
+        cpu_seconds=float(runs[0]["cpu_seconds"]),
+        n_params=build_model(pcfg).n_params(),
+        tokens_seen=pcfg.tokens_seen,
+        bayes_loss=bayes_pretraining_loss(world, pcfg.window + 1),
+        unigram=float(-(freq[freq > 0] * freq[freq > 0].log()).sum()),
+        chance_unseen=chance,
+    )
+
+
+@dataclass(frozen=True)
+class BoundaryDiagnostics:
+    """Next-token losses of the first training run of :class:`Chapter6Config` and of
+    the Bayes predictor (:func:`boundary_diagnostics`): ``documents`` holds one
+    :class:`DocumentLosses` per evaluation seed (fresh documents of ``window + 1``
+    tokens), ``examples[k]`` one :class:`ExampleLosses` per evaluation seed (prompts
+    with ``n_examples`` complete examples of length ``k``)."""
+
+    documents: list
+    examples: dict
+
+
+@dataclass(frozen=True)
+class _DiagnosticsKey:
+    model: GINCPretrainConfig
+    ks: tuple
+    seeds: tuple
+    n_documents: int
+    n_examples: int
+    n_prompts: int
+    epsilon: float
+
+
+def boundary_diagnostics(
+    cfg: Chapter6Config,
+    *,
+    n_documents: int = 256,
+    n_examples: int = 8,
+    n_prompts: int = 400,
+) -> BoundaryDiagnostics:
+    """:func:`document_losses` (seeds ``100 + s``) and :func:`prompt_example_losses`
+    (seeds ``200 + s``) of the first training run, for every evaluation seed ``s`` of
+    ``cfg`` and every ``k`` in ``cfg.ks``; cached."""
+    if not isinstance(cfg, Chapter6Config):
+        raise TypeError(f"cfg must be a Chapter6Config, got {type(cfg).__name__}")
+    key = _DiagnosticsKey(
+        cfg.pretrain_config(),
+        tuple(cfg.ks),
+        tuple(cfg.eval_seeds),
+        check_int("n_documents", n_documents, minimum=1),
+        check_int("n_examples", n_examples, minimum=1),
+        check_int("n_prompts", n_prompts, minimum=1),
+        cfg.epsilon,
+    )
+
+    def build() -> BoundaryDiagnostics:
+        world = GINC(cfg.world)
+        model = load_ginc_lm(key.model)
+        docs = [
+            document_losses(
+                model, world, cfg.window + 1, n_documents=n_documents, seed=100 + s
+            )
+            for s in key.seeds
+        ]
+        examples = {
+            k: [
+                prompt_example_losses(
+                    model,
+                    world,
+                    n_examples,
+                    k,
+                    n_prompts=n_prompts,
+                    seed=200 + s,
+                    epsilon=cfg.epsilon,
+                )
+                for s in key.seeds
+            ]
+            for k in key.ks
+        }
+        return BoundaryDiagnostics(docs, examples)
+
+    return cached(key, build, name="ginc_diagnostics")
+
+
+@dataclass(frozen=True)
+class _OrderKey:
+    model: GINCPretrainConfig
+    n: int
+    k: int
+    n_prompts: int
+    seeds: tuple
+    epsilon: float
+
+
+def order_experiment(
+    cfg: Chapter6Config,
+    *,
+    n: int = 3,
+    k: int = 5,
+    n_prompts: int = 300,
+    seeds=(31, 32, 33),
+) -> list:
+    """:func:`order_sensitivity` of the first training run on ``n_prompts`` fresh
+    prompts with ``n`` examples of length ``k``, one :class:`OrderSensitivity` per
+    seed in ``seeds``; cached."""
+    if not isinstance(cfg, Chapter6Config):
+        raise TypeError(f"cfg must be a Chapter6Config, got {type(cfg).__name__}")
+    key = _OrderKey(
+        cfg.pretrain_config(),
+        check_int("n", n, minimum=2),
+        check_int("k", k, minimum=2),
+        check_int("n_prompts", n_prompts, minimum=1),
+        tuple(check_int("seeds", s, minimum=0) for s in seeds),
+        cfg.epsilon,
+    )
+
+    def build() -> dict:
+        world = GINC(cfg.world)
+        model = load_ginc_lm(key.model)
+        return {
+            "orders": [
+                order_sensitivity(
+                    model,
+                    world,
+                    world.sample_prompts(n_prompts, n, k, make_generator(s)),
+                    cfg.epsilon,
+                )
+                for s in key.seeds
+            ]
+        }
+
+    return cached(key, build, name="ginc_orders")["orders"]
