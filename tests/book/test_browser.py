@@ -323,9 +323,7 @@ def test_page_in_browser(page, server, browser):
 MIN_FIGURE_SCALE = 0.9
 
 # pages whose figures do not have numbered captions yet (issue 28); shrinks to empty
-UNCAPTIONED = {
-    "notebooks/05-implicit-bias",
-}
+UNCAPTIONED: set[str] = set()
 
 
 def _check_layout(driver, page):
