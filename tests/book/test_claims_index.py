@@ -29,6 +29,7 @@ REQUIRED_KEYS = [
     "ch4.lora_kernel_error_slope",
     "ch5.sgd_trace_drop",
     "ch5.encoder_trace_ratio_adv",
+    "ch5.width_transfer_gain",
     "ch6.bayes_icl_gain_k3",
     "ch6.icl_gain_k3",
     "ch6.icl_gain_k5",

@@ -194,3 +194,62 @@ def test_per_example_gradients_match_a_loop_with_the_fused_attention():
         w(x[i : i + 1], pos[i : i + 1])[..., 0].sum().backward()
         for k, p in w.named_parameters():
             torch.testing.assert_close(per[k][i], p.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_the_width_sweep_script_writes_what_the_page_reads(tmp_path):
+    """The script at a tiny config (two widths, a few steps) writes a file that
+    width_sweep_results groups by (width, lr), and width_sweep_compared keeps the
+    widths whose mean gaps are within the tolerance of the smallest."""
+    import importlib.util
+    from pathlib import Path
+
+    from fmlab.chapters.ch5_sgd_noise import (
+        WidthSweepConfig,
+        width_sweep_compared,
+        width_sweep_results,
+        width_sweep_run,
+    )
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location(
+        "sweep", root / "scripts" / "ch5_width_sweep.py"
+    )
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    out = tmp_path / "w.json"
+    args = ["--widths", "16", "32", "--seeds", "2", "--per-job", "2", "--steps", "3"]
+    assert sweep.main(args + ["--jobs", "1", "--out", str(out)]) == 0
+    res = width_sweep_results(out)
+    assert set(k for k in res if k != "meta") == {(16, 0.01), (32, 0.01)}
+    g = res[(16, 0.01)]
+    assert g["gap"].shape == (2,) and g["accuracy"].shape == (2, 4)
+    assert (g["gap"] > 0).all() and g["trace_head"].shape == (2,)
+    both = width_sweep_compared(res, 1e9)
+    assert both == [(16, 0.01), (32, 0.01)]
+    tight = width_sweep_compared(res, 1e-12)
+    assert len(tight) == 1  # only the width with the smallest mean gap
+    with pytest.raises(ValueError, match="tolerance"):
+        width_sweep_compared(res, 0.0)
+    with pytest.raises(ValueError, match="width"):
+        width_sweep_run(WidthSweepConfig(), 24, 0, 1)
+    with pytest.raises(ValueError, match="widths"):
+        WidthSweepConfig(widths=(15,))
+    with pytest.raises(FileNotFoundError, match="path"):
+        width_sweep_results(tmp_path / "missing.json")
+
+
+def test_the_stored_width_sweep_is_complete():
+    """The stored sweep has every width of the config, six seeds per group, and at
+    least three widths at equal loss (the page's comparison)."""
+    from fmlab.chapters.ch5_sgd_noise import (
+        WidthSweepConfig,
+        width_sweep_compared,
+        width_sweep_results,
+    )
+
+    res = width_sweep_results()
+    assert {k[0] for k in res if k != "meta"} >= set(WidthSweepConfig().widths)
+    for key, g in res.items():
+        if key != "meta":
+            assert len(g["gap"]) == 6 and torch.isfinite(g["accuracy"]).all()
+    assert len(width_sweep_compared(res, res["meta"]["config"]["tolerance"])) >= 3

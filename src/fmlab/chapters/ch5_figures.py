@@ -677,3 +677,137 @@ def prose_noise(tres: dict, cfg) -> dict[str, str]:
         "ch5_tf_gaps": f"{float(tres['gap'].min()):.4f} to "
         f"{float(tres['gap'].max()):.4f}",
     }
+
+
+def width_sweep_table(wres: dict, compared, sizes):
+    """One row per (width, learning rate) of the stored width sweep: parameters, gap,
+    the probe's accuracy at every size, and the block traces (mean ± sd over seeds);
+    the rows the chapter compares at equal loss are marked."""
+    rows = []
+    for key, g in wres.items():
+        if key == "meta":
+            continue
+        width, lr = key
+        rows.append(
+            {
+                "width": width,
+                "lr": f"{lr:g}",
+                "parameters": f"{g['n_params']:,}",
+                "seeds": len(g["gap"]),
+                "gap (nats)": mean_sd(g["gap"], "{:.4f}"),
+            }
+            | {
+                f"n = {n}": mean_sd(g["accuracy"][:, j], "{:.3f}")
+                for j, n in enumerate(sizes)
+            }
+            | {
+                "encoder tr": mean_sd(g["trace_encoder"], "{:.1f}"),
+                "decoder tr": mean_sd(g["trace_head"], "{:.1f}"),
+                "compared": "yes" if key in compared else "",
+            }
+        )
+    caption = (
+        "The stored width sweep (untied language): block accuracy of the probe at "
+        "each training size n; mean ± sd over seeds"
+    )
+    return table(rows, caption=caption)
+
+
+def plot_width_sweep(wres: dict, compared, sizes, tolerance: float):
+    """Left: every model's gap against its width (each learning rate a marker);
+    right: the probe's accuracy against width at equal loss, one line per n."""
+    fig, (a0, a1) = plt.subplots(1, 2, figsize=(10, 3.6))
+    markers = {}
+    for key, g in wres.items():
+        if key == "meta":
+            continue
+        width, lr = key
+        m = markers.setdefault(lr, "osD^v"[len(markers) % 5])
+        jitter = width * (1 + 0.04 * (torch.arange(len(g["gap"])) - 2.5) / 2.5)
+        a0.scatter(
+            jitter,
+            g["gap"],
+            marker=m,
+            s=22,
+            color=PALETTE["blue"] if key in compared else PALETTE["red"],
+        )
+    lowest = min(float(wres[k]["gap"].mean()) for k in compared)
+    a0.axhspan(lowest, lowest + tolerance, color="grey", alpha=0.15, lw=0)
+    a0.legend(
+        [plt.Line2D([], [], ls="", marker=m, color="k") for m in markers.values()],
+        [f"lr {lr:g}" for lr in markers],
+        fontsize=8,
+    )
+    a0.set(
+        xscale="log",
+        yscale="log",
+        xlabel="width $d$",
+        ylabel="gap $L_{pre}-L^\\star_{pre}$ (nats)",
+        title="Pretraining (blue: compared at equal loss)",
+    )
+    widths = [w for w, _ in compared]
+    for j, n in enumerate(sizes):
+        acc = torch.stack([wres[k]["accuracy"][:, j] for k in compared])
+        a1.errorbar(
+            widths, acc.mean(1), yerr=acc.std(1), fmt="o-", capsize=2, label=f"n = {n}"
+        )
+    a1.axhline(
+        float(wres[compared[0]]["bayes_accuracy"]), color="grey", lw=0.8, label="Bayes"
+    )
+    a1.set(
+        xscale="log",
+        xlabel="width $d$",
+        ylabel="block accuracy of the probe",
+        title="Transfer at equal loss (mean ± sd)",
+    )
+    all_widths = sorted({k[0] for k in wres if k != "meta"})
+    for ax, ticks in ((a0, all_widths), (a1, widths)):
+        ax.minorticks_off()
+        ax.set_xticks(ticks, [str(w) for w in ticks])
+    a1.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def prose_width(wres: dict, compared) -> dict[str, str]:
+    """The numbers the width-sweep prose quotes, as text for ``glue``: widths,
+    parameters, seeds, tolerance, core minutes, the compared widths and their gaps, the
+    left-out width's gap, the gains (widest − narrowest compared width) at every probe
+    size, the accuracies at the largest, the Bayes accuracy, the decoder's trace per
+    unit of d + 1, and the ledger's summary."""
+    cfg = wres["meta"]["config"]
+    groups = {k: g for k, g in wres.items() if k != "meta"}
+    widths = sorted({w for w, _ in groups})
+    first, last = wres[compared[0]], wres[compared[-1]]
+    gain = last["accuracy"] - first["accuracy"]  # per seed and probe size
+    gaps = torch.stack([wres[k]["gap"].mean() for k in compared])
+    out_widths = [w for w in widths if w not in {w for w, _ in compared}]
+    left = [
+        min((k for k in groups if k[0] == w), key=lambda k: groups[k]["gap"].mean())
+        for w in out_widths
+    ]
+    top = [float(wres[k]["accuracy"][:, -1].mean()) for k in compared]
+    core = sum(float(g["seconds"].sum()) for g in groups.values())  # one core per job
+    texts = {
+        "ch5_w_widths": "{" + ", ".join(map(str, widths)) + "}",
+        "ch5_w_params": f"{first['n_params']:,} to {last['n_params']:,}",
+        "ch5_w_seeds": str(len(first["gap"])),
+        "ch5_w_tol": f"{cfg['tolerance']}",
+        "ch5_w_core_minutes": f"{core / 60:.0f}",
+        "ch5_w_compared": ", ".join(str(w) for w, _ in compared),
+        "ch5_w_gaps": f"{gaps.min():.4f} to {gaps.max():.4f}",
+        "ch5_w_narrow_gap": ", ".join(f"{groups[k]['gap'].mean():.3f}" for k in left)
+        or "—",
+        "ch5_w_acc_top": ", ".join(f"{a:.3f}" for a in top),
+        "ch5_w_bayes": f"{first['bayes_accuracy']:.3f}",
+        "ch5_w_dec_per_d": ", ".join(
+            f"{float(wres[k]['trace_head'].mean()) / (k[0] + 1):.2f}" for k in compared
+        ),
+        "ch5_w_summary": f"{100 * float(gain[:, -1].mean()):+.1f} points "
+        f"($n={cfg['probe_sizes'][-1]}$), $d={compared[0][0]}$ to "
+        f"$d={compared[-1][0]}$: **not reproduced**",
+    }
+    for j, n in enumerate(cfg["probe_sizes"]):
+        g = SeedEffect.of(gain[:, j])
+        texts[f"ch5_w_gain_{n}"] = f"{100 * g.mean:+.1f} ± {100 * g.se:.1f}"
+    return texts

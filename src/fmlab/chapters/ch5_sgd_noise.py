@@ -30,8 +30,10 @@ difference in flatness is in the encoder.
 from __future__ import annotations
 
 import copy
+import json
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -411,3 +413,177 @@ def trace_transfer_rank_correlation(result: dict) -> torch.Tensor:
     return torch.tensor(
         [spearman(tr[:, e], acc[:, e, -1].double()) for e in range(tr.shape[1])]
     )
+
+
+# -- model size at equal loss --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WidthSweepConfig:
+    """Everything that determines one run of :func:`width_sweep_run` (Chapter 5).
+
+    The transformer of :class:`NoiseTransferConfig` at several widths ``d_model`` (two
+    layers, two heads, ``d_ff = 2 d``), pretrained with the same Adam schedule on the
+    language with **untied** emissions, where the exact conditionals carry the block
+    (the look-up table's probe reads it nearly as well as the Bayes predictor), so that
+    a wider model has something to gain that the loss does not already show.
+    """
+
+    language: HMMLanguageConfig = field(
+        default_factory=lambda: HMMLanguageConfig(tied=False)
+    )
+    widths: tuple = (16, 32, 64, 128)
+    n_layers: int = 2
+    n_heads: int = 2
+    ff_multiple: int = 2
+    pretrain_steps: int = 2000
+    pretrain_batch: int = 256
+    pretrain_lr: float = 1e-2
+    warmup: int = 100
+    position: int = 5
+    probe_sizes: tuple = (50, 200, 1000, 3000)
+    probe_ridge: float = 1e-2
+    n_probe_test: int = 3000
+    n_gap: int = 500
+    n_trace: int = 1500
+    tolerance: float = 0.01  # nats: models whose mean gaps differ by less are "equal"
+
+    def __post_init__(self):
+        if not isinstance(self.language, HMMLanguageConfig):
+            raise TypeError("language must be an HMMLanguageConfig")
+        if not self.widths:
+            raise ValueError("widths must name at least one width")
+        for w in self.widths:
+            check_int("widths", w, minimum=self.n_heads)
+            if w % self.n_heads:
+                raise ValueError(f"widths: {w} is not a multiple of n_heads")
+        check_int(
+            "position", self.position, minimum=0, maximum=self.language.length - 1
+        )
+        check_float("tolerance", self.tolerance, minimum=0.0, strict_min=True)
+
+
+def width_sweep_run(
+    config: WidthSweepConfig, width: int, seed: int, n_models: int
+) -> dict:
+    """Pretrain ``n_models`` transformers of width ``width`` as one ensemble (initial
+    weights from ``make_generator(seed)``, data from ``seed + 1``) and measure, per
+    member: the KL gap to the optimal loss (nats), the probe's block accuracy at every
+    probe size, and the Fisher trace per parameter block. Plain lists, for JSON."""
+    if not isinstance(config, WidthSweepConfig):
+        raise TypeError(
+            f"config must be a WidthSweepConfig, got {type(config).__name__}"
+        )
+    if width not in config.widths:
+        raise ValueError(f"width: {width} is not one of config.widths {config.widths}")
+    check_int("n_models", n_models, minimum=1)
+    c = config
+    with single_threaded():
+        lang = HMMLanguage(c.language)
+        K, S, T = c.language.n_blocks, c.language.states_per_block, c.language.length
+        gap_tok, _ = lang.sample(c.n_gap, make_generator(11_001))
+        gap_cond = lang.masked_conditionals(gap_tok)
+        trace_tok, _ = lang.sample(c.n_trace, make_generator(11_002))
+        trace_pos = torch.randint(0, T, (c.n_trace,), generator=make_generator(11_005))
+        tr_tok, tr_h = lang.sample(max(c.probe_sizes), make_generator(11_003))
+        te_tok, te_h = lang.sample(c.n_probe_test, make_generator(11_004))
+        ytr, yte = tr_h[:, c.position] // S, te_h[:, c.position] // S
+        bcfg = BertConfig(
+            c.language.vocab_size,
+            T,
+            d_model=width,
+            n_layers=c.n_layers,
+            n_heads=c.n_heads,
+            d_ff=c.ff_multiple * width,
+        )
+        model = EnsembleBert(bcfg, n_models=n_models, generator=make_generator(seed))
+        train_bert(
+            model,
+            lang,
+            steps=c.pretrain_steps,
+            batch=c.pretrain_batch,
+            lr=c.pretrain_lr,
+            optimizer="adam",
+            warmup=c.warmup,
+            generator=make_generator(seed + 1),
+            desc=f"width {width}",
+        )
+        with torch.no_grad():
+            ftr = model.features(tr_tok).flatten(2).double()
+            fte = model.features(te_tok).flatten(2).double()
+        acc = torch.stack(
+            [
+                probe_curve(ftr[e], ytr, fte[e], yte, K, c.probe_sizes, c.probe_ridge)
+                for e in range(n_models)
+            ]
+        )
+        tr = bert_fisher_trace(
+            model, trace_tok, trace_pos, generator=make_generator(21_000)
+        )
+    return {
+        "width": width,
+        "seed": seed,
+        "n_params": model.n_params(),
+        "bayes_accuracy": float(
+            lang.block_posterior(te_tok)[:, c.position].max(-1).values.mean()
+        ),
+        "gap": bert_kl_gap(model, gap_tok, gap_cond).tolist(),
+        "accuracy": acc.tolist(),
+        "trace": tr.per_group.tolist(),
+        "trace_encoder": tr.per_block["encoder"].per_group.tolist(),
+        "trace_head": tr.per_block["head"].per_group.tolist(),
+    }
+
+
+WIDTH_SWEEP_RESULTS = Path(__file__).parent / "results" / "ch5_width_sweep.json"
+
+
+def width_sweep_results(path: Path | str | None = None) -> dict:
+    """The stored width sweep (``scripts/ch5_width_sweep.py``), grouped by
+    ``(width, learning rate)``: per group the members' ``gap`` ``(seeds,)``,
+    ``accuracy`` ``(seeds, probe sizes)``, ``trace_encoder``, ``trace_head``, the jobs'
+    ``seconds`` and ``n_params``; ``"meta"`` holds the sweep's configuration and the
+    machine it ran on."""
+    path = Path(WIDTH_SWEEP_RESULTS if path is None else path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"path: no width sweep at {path}; run scripts/ch5_width_sweep.py"
+        )
+    data = json.loads(path.read_text())
+    groups: dict = {}
+    for run in data["runs"]:
+        g = groups.setdefault(
+            (run["width"], run["lr"]),
+            {"n_params": run["n_params"], "bayes_accuracy": run["bayes_accuracy"]},
+        )
+        for name in ("gap", "accuracy", "trace_encoder", "trace_head"):
+            g.setdefault(name, []).extend(run[name])
+        g.setdefault("seconds", []).append(run["seconds"])
+    out: dict = {"meta": data["meta"]}
+    for key, g in sorted(groups.items()):
+        out[key] = {
+            k: torch.tensor(v, dtype=torch.float64) if isinstance(v, list) else v
+            for k, v in g.items()
+        }
+    return out
+
+
+def width_sweep_compared(results: dict, tolerance: float) -> list[tuple[int, float]]:
+    """The ``(width, lr)`` groups the chapter compares, by width: for every width the
+    learning rate whose models end closest to the optimal loss (smallest mean gap),
+    kept if that mean gap is within ``tolerance`` nats of the smallest one (so the kept
+    widths are at equal loss, and a width that does not reach it is left out)."""
+    check_float("tolerance", tolerance, minimum=0.0, strict_min=True)
+    best: dict = {}
+    for key, g in results.items():
+        if key == "meta":
+            continue
+        width, _ = key
+        if width not in best or g["gap"].mean() < results[best[width]]["gap"].mean():
+            best[width] = key
+    lowest = min(float(results[k]["gap"].mean()) for k in best.values())
+    return [
+        best[w]
+        for w in sorted(best)
+        if float(results[best[w]]["gap"].mean()) - lowest < tolerance
+    ]

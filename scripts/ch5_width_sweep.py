@@ -1,0 +1,114 @@
+"""Chapter 5's width sweep: the masked-LM transformer at several widths, pretrained to
+saturation on the untied language, each width's seeds as ensembles run in parallel
+processes; writes ``src/fmlab/chapters/results/ch5_width_sweep.json``, which the
+same-loss page reads (the sweep is too slow for the page's time budget).
+
+    python scripts/ch5_width_sweep.py --jobs 12            # the stored sweep
+    python scripts/ch5_width_sweep.py --widths 16 --seeds 2 --steps 50 --out /tmp/w.json
+
+Each job is one (width, chunk of seeds); a chunk of ``--per-job`` models trains as one
+ensemble from ``make_generator(1000 * (chunk + 1) + width)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "src" / "fmlab" / "chapters" / "results" / "ch5_width_sweep.json"
+
+
+def _job(args):
+    width, chunk, n_models, steps, lr = args
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+
+    from fmlab.chapters.ch5_sgd_noise import WidthSweepConfig, width_sweep_run
+
+    torch.set_num_threads(1)
+    config = WidthSweepConfig()
+    if steps:
+        config = replace(config, pretrain_steps=steps)
+    if lr:
+        config = replace(config, pretrain_lr=lr)
+    t0 = time.time()
+    out = width_sweep_run(config, width, 1000 * (chunk + 1) + width, n_models)
+    out["chunk"], out["seconds"] = chunk, time.time() - t0
+    out["lr"] = config.pretrain_lr
+    print(json.dumps({k: out[k] for k in ("width", "chunk", "gap", "seconds")}))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--widths", type=int, nargs="+", default=[16, 32, 64, 128])
+    ap.add_argument("--seeds", type=int, default=6, help="models per width")
+    ap.add_argument(
+        "--per-job",
+        type=int,
+        nargs="+",
+        default=[6, 3, 2, 1],
+        help="models per job, one number per width (or one for all)",
+    )
+    ap.add_argument("--steps", type=int, default=0, help="override pretrain_steps")
+    ap.add_argument("--lr", type=float, default=0.0, help="override pretrain_lr")
+    ap.add_argument(
+        "--append", action="store_true", help="add these runs to those in --out"
+    )
+    ap.add_argument("--jobs", type=int, default=os.cpu_count())
+    ap.add_argument("--out", type=Path, default=OUT)
+    a = ap.parse_args(argv)
+    per = (
+        a.per_job if len(a.per_job) == len(a.widths) else a.per_job[:1] * len(a.widths)
+    )
+    jobs = []
+    for w, p in zip(a.widths, per):
+        if a.seeds % p:
+            ap.error(f"--per-job: {p} does not divide --seeds {a.seeds}")
+        jobs += [(w, chunk, p, a.steps, a.lr) for chunk in range(a.seeds // p)]
+    jobs.sort(key=lambda j: -(j[0] ** 2) * j[2])  # the slowest first
+    t0 = time.time()
+    if a.jobs == 1:  # in this process (also what the tests run)
+        runs = [_job(j) for j in jobs]
+    else:
+        with ProcessPoolExecutor(a.jobs) as pool:
+            runs = list(pool.map(_job, jobs))
+    from fmlab.chapters.ch5_sgd_noise import WidthSweepConfig
+
+    config = WidthSweepConfig()
+    if a.steps:
+        config = replace(config, pretrain_steps=a.steps)
+    import torch
+
+    meta = {
+        "config": {
+            k: (list(v) if isinstance(v, tuple) else v)
+            for k, v in asdict(config).items()
+        },
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "wall_seconds": time.time() - t0,
+    }
+    if a.append:
+        before = json.loads(a.out.read_text())
+        runs = before["runs"] + runs
+        meta = {"earlier": before["meta"], **meta}
+    runs.sort(key=lambda r: (r["width"], r.get("lr", config.pretrain_lr), r["chunk"]))
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps({"meta": meta, "runs": runs}, indent=1) + "\n")
+    print(f"wrote {a.out} ({meta['wall_seconds']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
