@@ -25,6 +25,7 @@ mode.)
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -39,6 +40,7 @@ from jupyter_cache.base import CacheBundleIn
 from jupyter_cache.executors.utils import single_nb_execution
 
 ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "src" / "fmlab" / "chapters" / "results"
 
 
 def _chapters() -> list[Path]:
@@ -104,12 +106,22 @@ def _failure_summary(path: Path, text: str) -> str:
 
 def _fingerprint(path: Path) -> str:
     """The hash of the fmlab code this chapter's outputs depend on (its own modules
-    and every layer below the chapters; :func:`fmlab.repro.code_fingerprint`)."""
+    and every layer below the chapters; :func:`fmlab.repro.code_fingerprint`), and of
+    its stored results (``fmlab/chapters/results/chN_*.json``)."""
     from fmlab.repro import code_fingerprint
 
     number = path.name[:2]
     chapter = f"ch{int(number)}" if number.isdigit() else None
-    return code_fingerprint(chapter, outputs=True)
+    code = code_fingerprint(chapter, outputs=True)
+    # results the chapter reads but does not compute (a script outside the build
+    # stores them in the package): they change its page, so they count too
+    stored = sorted(RESULTS.glob(f"{chapter}_*.json")) if chapter else []
+    if not stored:
+        return code
+    h = hashlib.sha256(code.encode())
+    for p in stored:
+        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
 
 
 # cold execution times (s) of the chapters, by number (a chapter's second page by its
