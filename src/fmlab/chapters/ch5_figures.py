@@ -764,6 +764,12 @@ def plot_width_sweep(wres: dict, compared, sizes, tolerance: float):
     for ax, ticks in ((a0, all_widths), (a1, widths)):
         ax.minorticks_off()
         ax.set_xticks(ticks, [str(w) for w in ticks])
+    lo, hi = (
+        min(float(g["gap"].min()) for k, g in wres.items() if k != "meta"),
+        max(float(g["gap"].max()) for k, g in wres.items() if k != "meta"),
+    )
+    yt = [t for t in (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0) if lo / 2 <= t <= hi * 2]
+    a0.set_yticks(yt, [f"{t:g}" for t in yt])
     a1.legend(fontsize=8)
     fig.tight_layout()
     return fig
