@@ -796,7 +796,8 @@ def prose_width(wres: dict, compared) -> dict[str, str]:
     core = sum(float(g["seconds"].sum()) for g in groups.values())  # one core per job
     texts = {
         "ch5_w_widths": "{" + ", ".join(map(str, widths)) + "}",
-        "ch5_w_params": f"{first['n_params']:,} to {last['n_params']:,}",
+        "ch5_w_params": f"{min(g['n_params'] for g in groups.values()):,} to "
+        f"{max(g['n_params'] for g in groups.values()):,}",
         "ch5_w_seeds": str(len(first["gap"])),
         "ch5_w_tol": f"{cfg['tolerance']}",
         "ch5_w_core_minutes": f"{core / 60:.0f}",
