@@ -245,6 +245,24 @@ def test_page_in_browser(page, server, browser):
         stray = [h for h in hrefs if any(host in h for host in REPOSITORY_HOSTS)]
         assert not stray, f"{page}: links to an unconfigured repository: {stray[:5]}"
 
+    # the claims page opens with the reproduction ledger: its first section, a table
+    # with one row per phenomenon of the registry, every status shown
+    if page == "book/claims":
+        first = driver.execute_script(
+            "return document.querySelector('article section section, "
+            "article section > section')?.id"
+        )
+        assert first == "reproduction-ledger", f"first section is {first!r}"
+        statuses = driver.execute_script(
+            "return Array.from(document.querySelectorAll("
+            "'#reproduction-ledger table.fmlab-ledger tbody tr'))"
+            ".map(r => r.cells[3].innerText.split(':')[0].trim())"
+        )
+        phenomena = yaml.safe_load((ROOT / "book" / "claims.yml").read_text())
+        assert len(statuses) == len(phenomena["phenomena"])
+        known = {"reproduced", "partly", "not reproduced", "not studied"}
+        assert set(statuses) <= known, set(statuses) - known
+
     driver.execute_script("window.scrollTo(0, 0)")
     _screenshot(driver, page)
 
