@@ -297,43 +297,66 @@ def noise_transfer_experiment(config: NoiseTransferConfig) -> dict:
         return _noise_transfer_experiment(config)
 
 
-def _noise_transfer_experiment(config: NoiseTransferConfig) -> dict:
-    c = config
+def _evaluation_sets(c) -> dict:
+    """The fixed sentences every model of a run is measured on (the same seeds in every
+    run, so models are compared on the same data); ``c`` is a
+    :class:`NoiseTransferConfig` or a :class:`WidthSweepConfig`."""
     lang = HMMLanguage(c.language)
-    K, S, T = c.language.n_blocks, c.language.states_per_block, c.language.length
+    S, T = c.language.states_per_block, c.language.length
     gap_tok, _ = lang.sample(c.n_gap, make_generator(11_001))
-    gap_cond = lang.masked_conditionals(gap_tok)
     trace_tok, _ = lang.sample(c.n_trace, make_generator(11_002))
     trace_pos = torch.randint(0, T, (c.n_trace,), generator=make_generator(11_005))
     tr_tok, tr_h = lang.sample(max(c.probe_sizes), make_generator(11_003))
     te_tok, te_h = lang.sample(c.n_probe_test, make_generator(11_004))
-    ytr, yte = tr_h[:, c.position] // S, te_h[:, c.position] // S
+    return {
+        "language": lang,
+        "gap": (gap_tok, lang.masked_conditionals(gap_tok)),
+        "trace": (trace_tok, trace_pos),
+        "train": (tr_tok, tr_h[:, c.position] // S),
+        "test": (te_tok, te_h[:, c.position] // S),
+    }
+
+
+def _evaluate(model: EnsembleBert, sets: dict, c, label_seed: int) -> dict:
+    """Every member's KL gap, Fisher trace (total and per block, with standard errors),
+    the decoder's closed form, and the probe's block accuracy at every probe size."""
+    (tr_tok, ytr), (te_tok, yte) = sets["train"], sets["test"]
+    trace_tok, trace_pos = sets["trace"]
+    with torch.no_grad():
+        ftr = model.features(tr_tok).flatten(2).double()
+        fte = model.features(te_tok).flatten(2).double()
+    tr = bert_fisher_trace(
+        model, trace_tok, trace_pos, generator=make_generator(label_seed)
+    )
+    K = c.language.n_blocks
+    out = {
+        "gap": bert_kl_gap(model, *sets["gap"]),
+        "trace": tr.per_group.double(),
+        "trace_se": tr.per_group_stderr.double(),
+        "head_closed_form": head_trace_closed_form(model, trace_tok, trace_pos),
+        "accuracy": torch.stack(
+            [
+                probe_curve(ftr[e], ytr, fte[e], yte, K, c.probe_sizes, c.probe_ridge)
+                for e in range(model.n_models)
+            ]
+        ),
+    }
+    for block, est in tr.per_block.items():
+        out[f"trace_{block}"] = est.per_group.double()
+        out[f"trace_{block}_se"] = est.per_group_stderr.double()
+    return out
+
+
+def _noise_transfer_experiment(config: NoiseTransferConfig) -> dict:
+    c = config
+    sets = _evaluation_sets(c)
+    lang, T = sets["language"], c.language.length
+    gap_tok, gap_cond = sets["gap"]
+    trace_tok, trace_pos = sets["trace"]
+    te_tok = sets["test"][0]
 
     def evaluate(model, label_seed):
-        with torch.no_grad():
-            ftr = model.features(tr_tok).flatten(2).double()
-            fte = model.features(te_tok).flatten(2).double()
-        tr = bert_fisher_trace(
-            model, trace_tok, trace_pos, generator=make_generator(label_seed)
-        )
-        out = {
-            "gap": bert_kl_gap(model, gap_tok, gap_cond),
-            "trace": tr.per_group.double(),
-            "trace_se": tr.per_group_stderr.double(),
-            "head_closed_form": head_trace_closed_form(model, trace_tok, trace_pos),
-            "accuracy": torch.stack(
-                [
-                    probe_curve(
-                        ftr[e], ytr, fte[e], yte, K, c.probe_sizes, c.probe_ridge
-                    )
-                    for e in range(model.n_models)
-                ]
-            ),
-        }
-        for block, est in tr.per_block.items():
-            out[f"trace_{block}"] = est.per_group.double()
-            out[f"trace_{block}_se"] = est.per_group_stderr.double()
-        return out
+        return _evaluate(model, sets, c, label_seed)
 
     out: dict = {}
     ent, ent_se = lang.optimal_mlm_loss()
@@ -479,15 +502,8 @@ def width_sweep_run(
     check_int("n_models", n_models, minimum=1)
     c = config
     with single_threaded():
-        lang = HMMLanguage(c.language)
-        K, S, T = c.language.n_blocks, c.language.states_per_block, c.language.length
-        gap_tok, _ = lang.sample(c.n_gap, make_generator(11_001))
-        gap_cond = lang.masked_conditionals(gap_tok)
-        trace_tok, _ = lang.sample(c.n_trace, make_generator(11_002))
-        trace_pos = torch.randint(0, T, (c.n_trace,), generator=make_generator(11_005))
-        tr_tok, tr_h = lang.sample(max(c.probe_sizes), make_generator(11_003))
-        te_tok, te_h = lang.sample(c.n_probe_test, make_generator(11_004))
-        ytr, yte = tr_h[:, c.position] // S, te_h[:, c.position] // S
+        sets = _evaluation_sets(c)
+        lang, T = sets["language"], c.language.length
         bcfg = BertConfig(
             c.language.vocab_size,
             T,
@@ -508,18 +524,8 @@ def width_sweep_run(
             generator=make_generator(seed + 1),
             desc=f"width {width}",
         )
-        with torch.no_grad():
-            ftr = model.features(tr_tok).flatten(2).double()
-            fte = model.features(te_tok).flatten(2).double()
-        acc = torch.stack(
-            [
-                probe_curve(ftr[e], ytr, fte[e], yte, K, c.probe_sizes, c.probe_ridge)
-                for e in range(n_models)
-            ]
-        )
-        tr = bert_fisher_trace(
-            model, trace_tok, trace_pos, generator=make_generator(21_000)
-        )
+        ev = _evaluate(model, sets, c, 21_000)
+    te_tok = sets["test"][0]
     return {
         "width": width,
         "seed": seed,
@@ -527,11 +533,9 @@ def width_sweep_run(
         "bayes_accuracy": float(
             lang.block_posterior(te_tok)[:, c.position].max(-1).values.mean()
         ),
-        "gap": bert_kl_gap(model, gap_tok, gap_cond).tolist(),
-        "accuracy": acc.tolist(),
-        "trace": tr.per_group.tolist(),
-        "trace_encoder": tr.per_block["encoder"].per_group.tolist(),
-        "trace_head": tr.per_block["head"].per_group.tolist(),
+    } | {
+        name: ev[name].tolist()
+        for name in ("gap", "accuracy", "trace", "trace_encoder", "trace_head")
     }
 
 
