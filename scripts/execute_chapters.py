@@ -41,6 +41,7 @@ from jupyter_cache.executors.utils import single_nb_execution
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "src" / "fmlab" / "chapters" / "results"
+REGISTRY = ROOT / "book" / "claims.yml"
 
 
 def _chapters() -> list[Path]:
@@ -106,21 +107,31 @@ def _failure_summary(path: Path, text: str) -> str:
 
 def _fingerprint(path: Path) -> str:
     """The hash of the fmlab code this chapter's outputs depend on (its own modules
-    and every layer below the chapters; :func:`fmlab.repro.code_fingerprint`), and of
-    its stored results (``fmlab/chapters/results/chN_*.json``)."""
+    and every layer below the chapters; :func:`fmlab.repro.code_fingerprint`), of its
+    stored results (``fmlab/chapters/results/chN_*.json``) and of its entries in the
+    claims registry (a key's status or null decides what the page prints)."""
     from fmlab.repro import code_fingerprint
 
     number = path.name[:2]
     chapter = f"ch{int(number)}" if number.isdigit() else None
     code = code_fingerprint(chapter, outputs=True)
-    # results the chapter reads but does not compute (a script outside the build
-    # stores them in the package): they change its page, so they count too
-    stored = sorted(RESULTS.glob(f"{chapter}_*.json")) if chapter else []
-    if not stored:
+    if chapter is None:
         return code
     h = hashlib.sha256(code.encode())
-    for p in stored:
+    # results the chapter reads but does not compute (a script outside the build
+    # stores them in the package): they change its page, so they count too
+    for p in sorted(RESULTS.glob(f"{chapter}_*.json")):
         h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+    registry = yaml.safe_load(REGISTRY.read_text()) or {}
+    mine = {
+        part: {
+            k: v
+            for k, v in (registry.get(part) or {}).items()
+            if v.get("chapter") == int(number)
+        }
+        for part in ("keys", "phenomena")
+    }
+    h.update(json.dumps(mine, sort_keys=True, default=str).encode())
     return h.hexdigest()[:16]
 
 
