@@ -1,7 +1,8 @@
 """Chapter 5's width sweep: the masked-LM transformer at several widths, pretrained to
 saturation on the untied language, each width's seeds as ensembles run in parallel
 processes; writes ``src/fmlab/chapters/results/ch5_width_sweep.json``, which the
-same-loss page reads (the sweep is too slow for the page's time budget).
+transformer page of Chapter 5 (``notebooks/05c-same-loss-transformer.ipynb``) reads
+(the sweep is too slow for the page's time budget).
 
     python scripts/ch5_width_sweep.py --jobs 12            # the stored sweep
     python scripts/ch5_width_sweep.py --widths 16 --seeds 2 --steps 50 --out /tmp/w.json

@@ -139,7 +139,8 @@ def _fingerprint(path: Path) -> str:
 # file name's prefix, e.g. "05b"), measured in a parallel build
 COLD_SECONDS = {
     "05": 30,
-    "05b": 250,
+    "05b": 140,
+    "05c": 125,
     "04": 120,
     "04b": 140,
     "06b": 230,

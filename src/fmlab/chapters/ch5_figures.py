@@ -1,5 +1,6 @@
-"""The figures, tables, sliders and prose numbers of Chapter 5 (its two pages,
-``notebooks/05-implicit-bias.ipynb`` and ``notebooks/05b-same-loss.ipynb``), so that
+"""The figures, tables, sliders and prose numbers of Chapter 5 (its three pages,
+``notebooks/05-implicit-bias.ipynb``, ``05b-same-loss.ipynb`` and
+``05c-same-loss-transformer.ipynb``), so that
 the chapter's cells hold the experiment and not the drawing. Every function returns a
 matplotlib ``Figure``, an :func:`fmlab.viz.table`, a slider or a dict of strings for
 ``glue``; none of them computes anything the chapter claims."""

@@ -1,8 +1,8 @@
 """Continued SGD at different noise levels on a BERT-style masked LM (Chapter 5).
 
-Used in Chapter 5 (``notebooks/05-implicit-bias.ipynb``) to go after the central effect
-of Liu et al. (2023) with the design they used: a bidirectional transformer whose
-normalised representation feeds a **linear** decoder
+Used in Chapter 5 (``notebooks/05c-same-loss-transformer.ipynb``) to go after the
+central effect of Liu et al. (2023) with the design they used: a bidirectional
+transformer whose normalised representation feeds a **linear** decoder
 (:class:`fmlab.models.bert.EnsembleBert`), pretrained with Adam until its masked-LM loss
 is at the optimum of a generated language (:class:`fmlab.data.hmm_language.HMMLanguage`,
 whose downstream label, the block of a hidden state, is not readable from single

@@ -16,7 +16,7 @@ Three experiments, each exact or nearly so:
   several memorising zero-loss solutions, each at its flattest rescaling, with their
   exact traces and downstream errors (:class:`DyckConfig`, :func:`dyck_solutions`).
 
-The same-loss experiments of the chapter's second page are in
+The same-loss experiments of the chapter's second and third pages are in
 :mod:`fmlab.chapters.ch5_implicit_bias` and :mod:`fmlab.chapters.ch5_sgd_noise`.
 """
 
