@@ -6,6 +6,7 @@ continued run's first checkpoint; the look-up table of untied emissions reads th
 better than chance), and monotone data for the rank correlation.
 """
 
+import pytest
 import torch
 
 from fmlab.chapters import ch5_implicit_bias as ch5
@@ -53,6 +54,19 @@ def test_the_same_loss_experiment_at_a_tiny_config():
     tot, enc, head, acc = models["pretrained"]
     assert torch.equal(tot, res["continue_trace"][0])
     assert torch.equal(acc, res["continue_accuracy"][0, :, 1])
+
+
+def test_equal_loss_rank_correlation_per_block_and_seed():
+    up = torch.tensor([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]).double()
+    down = up.flip(0)
+    models = {  # three models, two seeds: (total, encoder, head, accuracy)
+        f"m{i}": (up[i], down[i], up[i], up[i] / 10) for i in range(3)
+    }
+    rho = ch5.equal_loss_rank_correlation(models)
+    assert torch.equal(rho["total"], torch.ones(2, dtype=torch.float64))
+    assert torch.equal(rho["encoder"], -torch.ones(2, dtype=torch.float64))
+    with pytest.raises(ValueError, match="models"):
+        ch5.equal_loss_rank_correlation({"one": models["m0"]})
 
 
 def test_lookup_tables_tied_and_untied():

@@ -37,6 +37,7 @@ from .._validate import check_float, check_int, check_tensor
 from ..data.hmm_language import HMMLanguage, HMMLanguageConfig
 from ..models.masked_lm import BiGRUMaskedLM, masked_lm_loss
 from ..repro import make_generator, single_threaded
+from ..theory.decomposition import spearman
 from ..theory.flatness import TraceEstimate, fisher_trace, hutchinson_trace
 from ..train import cached, train_scheduled
 
@@ -56,6 +57,7 @@ __all__ = [
     "same_loss_experiment",
     "same_loss_run",
     "equal_loss_models",
+    "equal_loss_rank_correlation",
     "LookupConfig",
     "lookup_tables",
     "state_task_accuracy",
@@ -686,6 +688,24 @@ def equal_loss_models(result: dict, size_index: int) -> dict:
         "control (Adam)": blocks("control") + (r["control_accuracy"][:, j],),
         "adversarial": blocks("adversarial") + (r["adversarial_accuracy"][:, j],),
     }
+
+
+def equal_loss_rank_correlation(models: dict) -> dict[str, torch.Tensor]:
+    """Per seed, the Spearman rank correlation across the equal-loss models of
+    :func:`equal_loss_models` between a block's trace and the probe accuracy:
+    ``{"total", "encoder", "head"} -> (E,)``. Negative is the paper's direction
+    (flatter, better transfer)."""
+    if not isinstance(models, dict) or len(models) < 2:
+        raise ValueError("models must be a dict of at least two equal-loss models")
+    rows = list(models.values())
+    acc = torch.stack([r[3] for r in rows]).double()  # (models, seeds)
+    out = {}
+    for b, block in enumerate(("total", "encoder", "head")):
+        tr = torch.stack([r[b] for r in rows]).double()
+        out[block] = torch.tensor(
+            [spearman(tr[:, e], acc[:, e]) for e in range(acc.shape[1])]
+        )
+    return out
 
 
 # ---------------------------------------------------------------------------------
