@@ -779,7 +779,7 @@ def _claims_outputs(app, doctree, fromdocname):
             n = changed.count("<tr>") - 1
             changed = (
                 '<details class="fmlab-claims-details"><summary>The '
-                f"{n} claims of this chapter, each verified by this build (open the "
+                f"{n} claims of this page, each verified by this build (open the "
                 "table)</summary>" + changed + "</details>"
             )
         if changed != text:

@@ -812,8 +812,8 @@ def prose_width(wres: dict, compared) -> dict[str, str]:
             f"{float(wres[k]['trace_head'].mean()) / (k[0] + 1):.2f}" for k in compared
         ),
         "ch5_w_summary": f"{100 * float(gain[:, -1].mean()):+.1f} points "
-        f"($n={cfg['probe_sizes'][-1]}$), $d={compared[0][0]}$ to "
-        f"$d={compared[-1][0]}$: **not reproduced**",
+        f"(n = {cfg['probe_sizes'][-1]}), d = {compared[0][0]} to "
+        f"d = {compared[-1][0]}: not reproduced",
     }
     for j, n in enumerate(cfg["probe_sizes"]):
         g = SeedEffect.of(gain[:, j])
