@@ -777,10 +777,13 @@ def _claims_outputs(app, doctree, fromdocname):
             changed = _numbered_html(app, fromdocname, text)
         if changed.lstrip().startswith('<table class="fmlab-claims">'):
             n = changed.count("<tr>") - 1
+            m = changed.count("<td>○</td>")  # measured, not claimed
+            what = f"{n - m} claims of this page, each verified by this build"
+            if m:
+                what += f", and {m} measured result{'s' if m > 1 else ''}, not claimed"
             changed = (
                 '<details class="fmlab-claims-details"><summary>The '
-                f"{n} claims of this page, each verified by this build (open the "
-                "table)</summary>" + changed + "</details>"
+                f"{what} (open the table)</summary>" + changed + "</details>"
             )
         if changed != text:
             node.replace_self(nodes.raw("", changed, format="html"))

@@ -620,6 +620,14 @@ def reset_claims() -> None:
     _COUNTER[0] = 0
 
 
+def _table_mark(r) -> tuple[str, str]:
+    """A row's mark and kind in :func:`claims_table`: a measured (not claimed) result is
+    "○ measured", whatever it shows at this seed offset."""
+    if not r.claimed:
+        return "○", "measured"
+    return ("✔" if r.verified else "✘"), r.kind
+
+
 class _ClaimsTable:
     def __init__(self, records):
         self.records = list(records)
@@ -627,16 +635,16 @@ class _ClaimsTable:
     def __repr__(self) -> str:
         lines = [f"{len(self.records)} claims checked by this build:"]
         lines += [
-            f"  {'✔' if r.verified else '✘'} [{r.kind}] {r.statement} ({r.evidence})"
+            "  {} [{}] {} ({})".format(*_table_mark(r), r.statement, r.evidence)
             for r in self.records
         ]
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
         rows = "".join(
-            f"<tr><td>{'✔' if r.verified else '✘'}</td><td>{r.kind}</td>"
-            f'<td><a href="#{r.anchor}">{html.escape(r.statement)}</a></td>'
-            f"<td>{html.escape(r.evidence)}</td></tr>"
+            "<tr><td>{}</td><td>{}</td>".format(*_table_mark(r))
+            + f'<td><a href="#{r.anchor}">{html.escape(r.statement)}</a></td>'
+            + f"<td>{html.escape(r.evidence)}</td></tr>"
             for r in self.records
         )
         return (

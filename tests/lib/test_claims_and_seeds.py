@@ -201,6 +201,11 @@ def test_finding_takes_its_meaning_from_the_registry(capsys):
     rec = claims_table().records[-1]
     assert not rec.claimed and not rec.verified and math.isclose(rec.value, -0.4 / 3)
     assert "measured, not claimed (does not hold)" in capsys.readouterr().out
+    # the page's claims table marks it measured, never with a tick
+    finding("it holds here", [0.3, 0.35, 0.4], key="ch9.not_yet")
+    html = claims_table()._repr_html_()
+    assert "<td>○</td><td>measured</td>" in html and "<td>✔</td>" not in html
+    assert "[measured] it holds here" in repr(claims_table())
     # equivalence: two one-sided tests within the registered margin
     finding("A and B agree", [0.05, -0.02, 0.01, 0.0], key="ch9.same")
     assert claims_table().records[-1].strength > 1
