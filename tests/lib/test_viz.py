@@ -74,3 +74,16 @@ def test_slider_images_fit_and_read_out_values():
     assert [h.value for h in readout.children] == ["<b>t = 0</b>", "<b>t = 16</b>"]
     with pytest.raises(ValueError, match="readouts"):
         slider_figure(_render, {"a": [1], "b": [2]}, readouts={"a": ["x", "y"]})
+
+
+def test_table_text_has_no_trailing_padding():
+    # a wall-clock value in the last column, under a wider header, must not change the
+    # padding of its line (nbval compares the text with the times sanitized)
+    from fmlab.viz import table
+
+    def text(t):
+        rows = [{"step": "a", "CPU time, best of 3": f"⏱ {t} ms"}]
+        return repr(table(rows + [{"step": "bb", "CPU time, best of 3": "x"}]))
+
+    assert all(line == line.rstrip() for line in text("9.8").splitlines())
+    assert text("9.8").replace("9.8", "T") == text("123.4").replace("123.4", "T")
