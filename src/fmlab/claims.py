@@ -621,11 +621,9 @@ def reset_claims() -> None:
 
 
 def _table_mark(r) -> tuple[str, str]:
-    """A row's mark and kind in :func:`claims_table`: a measured (not claimed) result is
-    "○ measured", whatever it shows at this seed offset."""
-    if not r.claimed:
-        return "○", "measured"
-    return ("✔" if r.verified else "✘"), r.kind
+    """A row's mark and kind in :func:`claims_table`: the verdict line's mark, and a
+    measured (not claimed) result's kind reads "measured"."""
+    return _Verdict(r)._mark(), (r.kind if r.claimed else "measured")
 
 
 class _ClaimsTable:
