@@ -432,12 +432,16 @@ def fine_tune_batch(
     def stack(t):
         return t.detach().float().unsqueeze(0).repeat(G, *([1] * t.ndim)).clone()
 
-    # parameters, each (G, ...): weights transposed to (in, out) for batched products
+    # parameters, each (G, ...), weights in nn.Linear's (out, in) layout. Activations
+    # are kept feature-major, (G, features, examples): with only C classes in the
+    # head, PyTorch's batched products are several times faster in this layout than
+    # in the example-major one (measured: 0.19 ms against 1.1 ms for the head's
+    # forward product at G = 20, 384 examples, 128 features, 4 classes, one thread)
     params = []
     for lin in layers:
-        params.append(stack(lin.weight.T))
+        params.append(stack(lin.weight))
         params.append(None if lin.bias is None else stack(lin.bias))
-    params.append(torch.stack([h.weight.detach().float().T for h in heads]).clone())
+    params.append(torch.stack([h.weight.detach().float() for h in heads]).clone())
     params.append(torch.stack([h.bias.detach().float() for h in heads]).clone())
     live = [p for p in params if p is not None]
     for p in live:
@@ -447,25 +451,25 @@ def fine_tune_batch(
     active = torch.ones(G, dtype=torch.bool)
 
     def features(inp):
-        h = inp.unsqueeze(0).expand(G, -1, -1)
+        h = inp.T.contiguous().unsqueeze(0).expand(G, -1, -1)
         for i in range(len(layers)):
             W, b = params[2 * i], params[2 * i + 1]
-            h = torch.bmm(h, W) if b is None else torch.baddbmm(b[:, None], h, W)
+            h = torch.bmm(W, h) if b is None else torch.baddbmm(b[:, :, None], W, h)
             h = torch.relu(h)
-        return h  # (G, m, k)
+        return h  # (G, k, m)
 
     with torch.no_grad():
-        base = {name: encoder(xs) for name, xs in track.items()}
+        base = {name: encoder(xs).T for name, xs in track.items()}
     losses = torch.full((G, steps + 1), float("nan"))
     rec_steps, rec = [], {"train_loss": [], **{name: [] for name in track}}
     onehot = None
     for step in range(steps + 1):
         phi = features(x)
-        logits = torch.baddbmm(params[-1][:, None], phi, params[-2])
-        logp = torch.log_softmax(logits, dim=-1)
+        logits = torch.baddbmm(params[-1][:, :, None], params[-2], phi)  # (G, C, m)
+        logp = torch.log_softmax(logits, dim=1)
         if onehot is None:
-            onehot = (1 - alpha) * F.one_hot(y, C).float() + alpha / C
-        per_run = -(logp * onehot).sum(-1).mean(-1)  # (G,)
+            onehot = ((1 - alpha) * F.one_hot(y, C).float() + alpha / C).T
+        per_run = -(logp * onehot).sum(1).mean(-1)  # (G,)
         cur = per_run.detach()
         active &= torch.isfinite(cur)
         losses[:, step] = torch.where(active, cur, float("nan"))
@@ -474,7 +478,7 @@ def fine_tune_batch(
             rec["train_loss"].append(losses[:, step].clone())
             with torch.no_grad():
                 for name, xs in track.items():
-                    d = (features(xs) - base[name]).norm(dim=-1).mean(-1)
+                    d = (features(xs) - base[name]).norm(dim=1).mean(-1)
                     rec[name].append(torch.where(active, d, float("nan")))
         if step == steps:
             break
@@ -492,13 +496,13 @@ def fine_tune_batch(
         enc = copy.deepcopy(encoder)
         with torch.no_grad():
             for i, lin in enumerate(_mlp_layers(enc)):
-                lin.weight.copy_(params[2 * i][g].T)
+                lin.weight.copy_(params[2 * i][g])
                 if lin.bias is not None:
                     lin.bias.copy_(params[2 * i + 1][g])
         enc.eval()
-        head = nn.Linear(params[-2].shape[1], C)
+        head = nn.Linear(params[-2].shape[2], C)
         with torch.no_grad():
-            head.weight.copy_(params[-2][g].T)
+            head.weight.copy_(params[-2][g])
             head.bias.copy_(params[-1][g])
         encoders.append(enc)
         out_heads.append(head)
