@@ -16,6 +16,7 @@ from fmlab.chapters.ch3_figures import plot_feature_change, plot_learning_rate
 from fmlab.chapters.ch3_lpft import (
     METHODS,
     LPFTConfig,
+    _row_space,
     at_angle,
     build_encoder,
     classifier_accuracy,
@@ -187,7 +188,10 @@ def test_fine_tune_classifier_matches_a_hand_written_loop():
 
 
 @pytest.mark.parametrize("depth", [0, 2])
-def test_fine_tune_batch_matches_separate_runs(depth):
+@pytest.mark.parametrize("full_rank", [False, True])
+def test_fine_tune_batch_matches_separate_runs(depth, full_rank):
+    # ID inputs span only their style's 3 dimensions of 12: the batch trains the first
+    # layer in that subspace (the span lemma); with noise added they span all 12
     cfg = LPFTConfig(
         world=StyleShiftConfig(dim_input=12, dim_content=3, n_types=4),
         depth=depth,
@@ -199,13 +203,15 @@ def test_fine_tune_batch_matches_separate_runs(depth):
     w = StyleShiftWorld(cfg.world)
     g = torch.Generator().manual_seed(0)
     tr = w.in_distribution(40, g)
+    x = tr.x + 0.1 * torch.randn(tr.x.shape, generator=g) if full_rank else tr.x
+    assert (_row_space(x) is None) == full_rank
     heads = [random_head(8, 4, g) for _ in range(3)]
     lrs = [0.01, 0.05, 0.2]
-    track = {"a": tr.x[:10]}
+    track = {"a": x[:10]}
     batch = fine_tune_batch(
         enc,
         heads,
-        tr.x,
+        x,
         tr.labels,
         lrs=lrs,
         steps=30,
@@ -217,7 +223,7 @@ def test_fine_tune_batch_matches_separate_runs(depth):
         one = fine_tune_classifier(
             enc,
             heads[i],
-            tr.x,
+            x,
             tr.labels,
             lr=lrs[i],
             steps=30,
@@ -488,3 +494,15 @@ def test_linear_figures_draw():
     pic = lin3.feature_picture(lin3.PictureConfig(times=(0.0, 1.0), instances=2))
     assert pic.ends.v.shape[1] == 4  # FT and LP-FT on two instances
     assert fig3.feature_picture_slider(pic) is not None
+
+
+def test_row_space_finds_the_span_of_low_rank_inputs():
+    g = torch.Generator().manual_seed(1)
+    basis = torch.linalg.qr(torch.randn(9, 4, generator=g, dtype=torch.float64))[0]
+    x = (torch.randn(50, 4, generator=g, dtype=torch.float64) @ basis.T).float()
+    Q = _row_space(x)
+    assert Q.shape == (9, 4)
+    assert torch.allclose(Q.T @ Q, torch.eye(4), atol=1e-5)
+    assert torch.allclose(x @ Q @ Q.T, x, atol=1e-5)  # x lies in the span of Q
+    assert _row_space(torch.randn(50, 9, generator=g)) is None
+    assert _row_space(torch.zeros(5, 3)) is None

@@ -399,8 +399,12 @@ def fine_tune_batch(
     loss has a block-diagonal gradient, each run follows exactly the updates of
     :func:`fine_tune_classifier` (full-batch SGD with momentum, PyTorch's convention
     :math:`m \\leftarrow \\mu m + g`, :math:`\\theta \\leftarrow \\theta - \\eta m`),
-    up to floating-point summation order. ``encoder`` must be an :class:`MLP` whose
-    every Linear layer is followed by a ReLU, as :func:`build_encoder` makes. A run
+    up to floating-point summation order. When the training inputs span fewer than all
+    input directions, the first layer is trained inside their span (the span lemma;
+    the parts of the inputs below ``1e-5`` of their largest singular value, rounding
+    error for inputs drawn in a subspace, are dropped). ``encoder`` must be an
+    :class:`MLP` whose every Linear layer is followed by a ReLU, as
+    :func:`build_encoder` makes. A run
     whose loss stops being finite is frozen there and flagged in ``diverged``.
     """
     if not isinstance(encoder, MLP):
@@ -437,9 +441,20 @@ def fine_tune_batch(
     # head, PyTorch's batched products are several times faster in this layout than
     # in the example-major one (measured: 0.19 ms against 1.1 ms for the head's
     # forward product at G = 20, 384 examples, 128 features, 4 classes, one thread)
+    # The span lemma (ch3-lem-span): the first layer's gradient is a combination of
+    # the training inputs, so its weights only ever move inside their row space. When
+    # that space is smaller than the input (the chapter's ID inputs lie in their
+    # style's content subspace), the first layer is trained as W0 + M Qᵀ, Q an
+    # orthonormal basis of the row space and M starting at 0: the same updates (the
+    # gradient in M is the gradient in W times Q, and Qᵀ Q = I), at r/d of the cost
+    W0 = layers[0].weight.detach().float()
+    Q = _row_space(x)  # (d, r), or None when the inputs span every direction
     params = []
-    for lin in layers:
-        params.append(stack(lin.weight))
+    for i, lin in enumerate(layers):
+        if i == 0 and Q is not None:
+            params.append(torch.zeros(G, W0.shape[0], Q.shape[1]))
+        else:
+            params.append(stack(lin.weight))
         params.append(None if lin.bias is None else stack(lin.bias))
     params.append(torch.stack([h.weight.detach().float() for h in heads]).clone())
     params.append(torch.stack([h.bias.detach().float() for h in heads]).clone())
@@ -450,21 +465,35 @@ def fine_tune_batch(
     rate = torch.tensor(lrs, dtype=torch.float32)
     active = torch.ones(G, dtype=torch.bool)
 
-    def features(inp):
-        h = inp.T.contiguous().unsqueeze(0).expand(G, -1, -1)
+    def first_layer_input(inp):
+        """What the first layer needs of ``inp`` (n, d): W0 xᵀ and the coordinates
+        Qᵀ xᵀ (reparametrised), or xᵀ (not)."""
+        xT = inp.T.contiguous()
+        if Q is None:
+            return None, xT.unsqueeze(0).expand(G, -1, -1)
+        return W0 @ xT, (Q.T @ xT).unsqueeze(0).expand(G, -1, -1)
+
+    def features(packed):
+        fixed, h = packed
         for i in range(len(layers)):
             W, b = params[2 * i], params[2 * i + 1]
-            h = torch.bmm(W, h) if b is None else torch.baddbmm(b[:, :, None], W, h)
+            if i == 0 and fixed is not None:
+                add = fixed if b is None else fixed + b[:, :, None]
+                h = torch.baddbmm(add, W, h)
+            else:
+                h = torch.bmm(W, h) if b is None else torch.baddbmm(b[:, :, None], W, h)
             h = torch.relu(h)
         return h  # (G, k, m)
 
+    train_in = first_layer_input(x)
+    track_in = {name: first_layer_input(xs) for name, xs in track.items()}
     with torch.no_grad():
         base = {name: encoder(xs).T for name, xs in track.items()}
     losses = torch.full((G, steps + 1), float("nan"))
     rec_steps, rec = [], {"train_loss": [], **{name: [] for name in track}}
     onehot = None
     for step in range(steps + 1):
-        phi = features(x)
+        phi = features(train_in)
         logits = torch.baddbmm(params[-1][:, :, None], params[-2], phi)  # (G, C, m)
         logp = torch.log_softmax(logits, dim=1)
         if onehot is None:
@@ -478,7 +507,7 @@ def fine_tune_batch(
             rec["train_loss"].append(losses[:, step].clone())
             with torch.no_grad():
                 for name, xs in track.items():
-                    d = (features(xs) - base[name]).norm(dim=1).mean(-1)
+                    d = (features(track_in[name]) - base[name]).norm(dim=1).mean(-1)
                     rec[name].append(torch.where(active, d, float("nan")))
         if step == steps:
             break
@@ -496,7 +525,8 @@ def fine_tune_batch(
         enc = copy.deepcopy(encoder)
         with torch.no_grad():
             for i, lin in enumerate(_mlp_layers(enc)):
-                lin.weight.copy_(params[2 * i][g])
+                W = params[2 * i][g]
+                lin.weight.copy_(W0 + W @ Q.T if i == 0 and Q is not None else W)
                 if lin.bias is not None:
                     lin.bias.copy_(params[2 * i + 1][g])
         enc.eval()
@@ -515,6 +545,16 @@ def fine_tune_batch(
         trace,
         ~active,
     )
+
+
+def _row_space(x: torch.Tensor, rtol: float = 1e-5) -> torch.Tensor | None:
+    """An orthonormal basis ``(d, r)`` of the span of the rows of ``x`` ``(n, d)``
+    (singular values above ``rtol`` times the largest), or ``None`` when ``r = d``."""
+    _, s, Vh = torch.linalg.svd(x.double(), full_matrices=False)
+    r = int((s > rtol * s[0]).sum()) if len(s) and float(s[0]) > 0 else 0
+    if r >= x.shape[1] or r == 0:
+        return None
+    return Vh[:r].T.float().contiguous()
 
 
 def select_by_validation(scores: Sequence[float], order: Sequence[int]) -> int:
