@@ -404,8 +404,8 @@ def fine_tune_batch(
     the parts of the inputs below ``1e-5`` of their largest singular value, rounding
     error for inputs drawn in a subspace, are dropped). ``encoder`` must be an
     :class:`MLP` whose every Linear layer is followed by a ReLU, as
-    :func:`build_encoder` makes. A run
-    whose loss stops being finite is frozen there and flagged in ``diverged``.
+    :func:`build_encoder` makes. A run whose loss stops being finite is frozen there
+    and flagged in ``diverged``.
     """
     if not isinstance(encoder, MLP):
         raise TypeError(f"encoder must be an fmlab MLP, got {type(encoder).__name__}")
@@ -440,7 +440,8 @@ def fine_tune_batch(
     # are kept feature-major, (G, features, examples): with only C classes in the
     # head, PyTorch's batched products are several times faster in this layout than
     # in the example-major one (measured: 0.19 ms against 1.1 ms for the head's
-    # forward product at G = 20, 384 examples, 128 features, 4 classes, one thread)
+    # forward product at G = 20, 384 examples, 128 features, 4 classes, one thread).
+    #
     # The span lemma (ch3-lem-span): the first layer's gradient is a combination of
     # the training inputs, so its weights only ever move inside their row space. When
     # that space is smaller than the input (the chapter's ID inputs lie in their
