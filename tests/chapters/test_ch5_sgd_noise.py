@@ -18,7 +18,7 @@ from fmlab.chapters.ch5_sgd_noise import (
     train_bert,
 )
 from fmlab.data.hmm_language import HMMLanguage, HMMLanguageConfig
-from fmlab.models.bert import BertConfig, EnsembleBert, masked_lm_nll
+from fmlab.models.bert import BertConfig, EnsembleBert, embed_width, masked_lm_nll
 
 CFG = BertConfig(vocab_size=5, length=6, d_model=8, n_layers=2, n_heads=2, d_ff=12)
 
@@ -196,6 +196,78 @@ def test_per_example_gradients_match_a_loop_with_the_fused_attention():
             torch.testing.assert_close(per[k][i], p.grad, rtol=1e-4, atol=1e-6)
 
 
+def _perturbed(E=2, seed=0):
+    """A model whose biases are not zero (the embedding must carry them too)."""
+    m = _model(E=E, seed=seed)
+    g = torch.Generator().manual_seed(seed + 100)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=g))
+    return m
+
+
+@pytest.mark.parametrize("factor", [1, 2, 3])
+def test_embed_width_keeps_every_prediction_and_replicates_the_representation(factor):
+    m = _perturbed()
+    big = embed_width(m, factor * CFG.d_model)
+    assert big.config.d_model == factor * CFG.d_model
+    assert big.config.d_ff == factor * CFG.d_ff and big.n_models == m.n_models
+    x = _tokens(n=20)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            big.all_masked_logits(x), m.all_masked_logits(x), atol=1e-5, rtol=1e-5
+        )
+        rep = m.features(x).repeat_interleave(factor, dim=-1)
+        torch.testing.assert_close(big.features(x), rep, atol=1e-5, rtol=1e-5)
+
+
+def test_embed_width_rescales_each_parameter_traces_as_derived():
+    """With replicated units the gradient of the wide model is replicated too, so each
+    parameter tensor's Fisher trace is the narrow one's divided by (copies x scale²):
+    embeddings and biases of replicated outputs by m, weights between replicated
+    features unchanged, the decoder's weights times m; the q|k|v tensor lies between
+    (its query part is times m)."""
+    m, factor = _perturbed(), 3
+    big = embed_width(m, factor * CFG.d_model)
+    x = _tokens(n=40, seed=3)
+    pos = torch.randint(
+        0, CFG.length, (40,), generator=torch.Generator().manual_seed(4)
+    )
+
+    def per_name(model):
+        est = bert_fisher_trace(
+            model,
+            x,
+            pos,
+            generator=torch.Generator().manual_seed(5),
+            blocks=lambda k: k.split(".")[-1],
+        )
+        return {k: e.per_group for k, e in est.per_block.items()}
+
+    small, wide = per_name(m), per_name(big)
+    expected = {"tok": 1 / factor, "pos": 1 / factor, "dec_w": factor, "dec_b": 1.0}
+    for i in range(CFG.n_layers):
+        expected |= {f"l{i}_{w}_w": 1.0 for w in ("o", "ff1", "ff2")}
+        expected |= {f"l{i}_{b}_b": 1 / factor for b in ("o", "ff1", "ff2")}
+    for name, ratio in expected.items():
+        torch.testing.assert_close(
+            wide[name], ratio * small[name], rtol=1e-3, atol=1e-6
+        )
+    for i in range(CFG.n_layers):
+        w, s_ = wide[f"l{i}_qkv_w"], small[f"l{i}_qkv_w"]
+        assert (w > s_ * (1 - 1e-4)).all() and (w < factor * s_ * (1 + 1e-4)).all()
+
+
+def test_embed_width_names_a_bad_width():
+    m = _model()
+    with pytest.raises(ValueError, match="width"):
+        embed_width(m, 12)  # not a multiple of 8
+    with pytest.raises(ValueError, match="width"):
+        embed_width(m, 4)
+    with pytest.raises(TypeError, match="model"):
+        embed_width(torch.nn.Linear(2, 2), 16)
+
+
 def test_the_width_sweep_script_writes_what_the_page_reads(tmp_path):
     """The script at a tiny config (two widths, a few steps) writes a file that
     width_sweep_results groups by (width, lr), and width_sweep_compared keeps the
@@ -224,6 +296,9 @@ def test_the_width_sweep_script_writes_what_the_page_reads(tmp_path):
     g = res[(16, 0.01)]
     assert g["gap"].shape == (2,) and g["accuracy"].shape == (2, 4)
     assert (g["gap"] > 0).all() and g["trace_head"].shape == (2,)
+    for key in ((16, 0.01), (32, 0.01)):  # both embedded at the config's 128
+        assert (res[key]["embedding_error"] < 1e-4).all()
+        assert res[key]["trace_embedded_head"].shape == (2,)
     both = width_sweep_compared(res, 1e9)
     assert both == [(16, 0.01), (32, 0.01)]
     tight = width_sweep_compared(res, 1e-12)
@@ -239,8 +314,8 @@ def test_the_width_sweep_script_writes_what_the_page_reads(tmp_path):
 
 
 def test_the_stored_width_sweep_is_complete():
-    """The stored sweep has every width of the config, six seeds per group, and at
-    least three widths at equal loss (the page's comparison)."""
+    """The stored sweep has every width of the config, six seeds per group, at least
+    three widths at equal loss (the page's comparison), and their embedded traces."""
     from fmlab.chapters.ch5_sgd_noise import (
         WidthSweepConfig,
         width_sweep_compared,
@@ -252,4 +327,9 @@ def test_the_stored_width_sweep_is_complete():
     for key, g in res.items():
         if key != "meta":
             assert len(g["gap"]) == 6 and torch.isfinite(g["accuracy"]).all()
-    assert len(width_sweep_compared(res, res["meta"]["config"]["tolerance"])) >= 3
+    compared = width_sweep_compared(res, res["meta"]["config"]["tolerance"])
+    assert len(compared) >= 3
+    for key in compared:  # every compared model was measured embedded at d = 128
+        g = res[key]
+        assert g["trace_embedded_encoder"].shape == g["gap"].shape
+        assert (g["embedding_error"] < 1e-4).all()

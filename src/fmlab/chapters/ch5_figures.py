@@ -683,7 +683,9 @@ def prose_noise(tres: dict, cfg) -> dict[str, str]:
 def width_sweep_table(wres: dict, compared, sizes):
     """One row per (width, learning rate) of the stored width sweep: parameters, gap,
     the probe's accuracy at every size, and the block traces (mean ± sd over seeds);
-    the rows the chapter compares at equal loss are marked."""
+    the same traces with every model embedded at the largest width; the rows the
+    chapter compares at equal loss are marked."""
+    largest = max(wres["meta"]["config"]["widths"])
     rows = []
     for key, g in wres.items():
         if key == "meta":
@@ -704,6 +706,12 @@ def width_sweep_table(wres: dict, compared, sizes):
             | {
                 "encoder tr": mean_sd(g["trace_encoder"], "{:.1f}"),
                 "decoder tr": mean_sd(g["trace_head"], "{:.1f}"),
+                f"encoder tr at d = {largest}": mean_sd(
+                    g["trace_embedded_encoder"], "{:.1f}"
+                ),
+                f"decoder tr at d = {largest}": mean_sd(
+                    g["trace_embedded_head"], "{:.1f}"
+                ),
                 "compared": "yes" if key in compared else "",
             }
         )
@@ -776,6 +784,80 @@ def plot_width_sweep(wres: dict, compared, sizes, tolerance: float):
     return fig
 
 
+def plot_width_flatness(wres: dict, compared, rank: dict):
+    """Left: the encoder's trace of every compared model at its own width and embedded
+    at the largest width; right: the probe's accuracy (largest probe size) against the
+    embedded encoder trace, one colour per width, with the pooled rank correlation
+    (``rank``, from :func:`~fmlab.chapters.ch5_sgd_noise.width_trace_transfer_rank`)."""
+    largest = max(wres["meta"]["config"]["widths"])
+    n_big = wres["meta"]["config"]["probe_sizes"][-1]
+    fig, (a0, a1) = plt.subplots(1, 2, figsize=(10, 3.6))
+    colours = [PALETTE[c] for c in ("blue", "orange", "green", "red", "purple")]
+    widths = [w for w, _ in compared]
+    for i, key in enumerate(compared):
+        g, c = wres[key], colours[i % len(colours)]
+        x = torch.full_like(g["trace_encoder"], float(i))
+        a0.scatter(x - 0.12, g["trace_encoder"], color=c, marker="o", s=22)
+        a0.scatter(x + 0.12, g["trace_embedded_encoder"], color=c, marker="D", s=22)
+        a1.scatter(
+            g["trace_embedded_encoder"],
+            g["accuracy"][:, -1],
+            color=c,
+            s=26,
+            label=f"d = {key[0]}, lr {key[1]:g}",
+        )
+    a0.set_xticks(range(len(widths)), [str(w) for w in widths])
+    a0.legend(
+        [plt.Line2D([], [], ls="", marker=m, color="k") for m in "oD"],
+        ["own width", f"embedded at d = {largest}"],
+        fontsize=8,
+    )
+    a0.set(
+        xlabel="width $d$",
+        ylabel="encoder trace",
+        title="Encoder flatness (lower is flatter)",
+    )
+    a1.set(
+        xlabel=f"encoder trace embedded at d = {largest}",
+        ylabel=f"block accuracy of the probe (n = {n_big})",
+        title=f"Equal loss: rank correlation {rank['pooled']:+.2f} (pooled)",
+    )
+    a1.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def _learning_rates_text(groups: dict, compared) -> str:
+    """Which learning rate each width trained with, as a sentence fragment: the rate of
+    the compared group, and at a width with several rates, the others and their mean
+    gaps."""
+    by_width: dict = {}
+    for w, lr in sorted(groups):
+        by_width.setdefault(w, []).append(lr)
+    chosen = dict(compared)
+    single = [w for w, lrs in by_width.items() if len(lrs) == 1]
+    parts = []
+    if single:
+        rates = sorted({by_width[w][0] for w in single})
+        parts.append(
+            " and ".join(f"{r:g}" for r in rates)
+            + " at "
+            + ("width " if len(single) == 1 else "widths ")
+            + ", ".join(map(str, single))
+        )
+    for w, lrs in by_width.items():
+        if len(lrs) == 1:
+            continue
+        pick = chosen.get(w, min(lrs, key=lambda r: groups[(w, r)]["gap"].mean()))
+        others = ", ".join(
+            f"{r:g} (mean gap {float(groups[(w, r)]['gap'].mean()):.3f} nats)"
+            for r in sorted(lrs, reverse=True)
+            if r != pick
+        )
+        parts.append(f"{pick:g} at width {w}, where the sweep also tried {others}")
+    return "; ".join(parts)
+
+
 def prose_width(wres: dict, compared) -> dict[str, str]:
     """The numbers the width-sweep prose quotes, as text for ``glue``: widths,
     parameters, seeds, tolerance, core minutes, the compared widths and their gaps, the
@@ -811,6 +893,7 @@ def prose_width(wres: dict, compared) -> dict[str, str]:
         "ch5_w_dec_per_d": ", ".join(
             f"{float(wres[k]['trace_head'].mean()) / (k[0] + 1):.2f}" for k in compared
         ),
+        "ch5_w_lrs": _learning_rates_text(groups, compared),
         "ch5_w_summary": f"{100 * float(gain[:, -1].mean()):+.1f} points "
         f"(n = {cfg['probe_sizes'][-1]}), d = {compared[0][0]} to "
         f"d = {compared[-1][0]}: not reproduced",
@@ -818,4 +901,36 @@ def prose_width(wres: dict, compared) -> dict[str, str]:
     for j, n in enumerate(cfg["probe_sizes"]):
         g = SeedEffect.of(gain[:, j])
         texts[f"ch5_w_gain_{n}"] = f"{100 * g.mean:+.1f} ± {100 * g.se:.1f}"
+    return texts
+
+
+def prose_width_flatness(wres: dict, compared, ranks: dict) -> dict[str, str]:
+    """The numbers the prose on flatness across widths quotes, as text for ``glue``:
+    the largest width, the largest logit change of a compared model's embedding, the
+    encoder's and decoder's traces per compared width at their own width and embedded,
+    the compared widths with the flattest and the sharpest embedded encoder, and the
+    rank correlations (``ranks``: block -> result of
+    :func:`~fmlab.chapters.ch5_sgd_noise.width_trace_transfer_rank`)."""
+    largest = max(wres["meta"]["config"]["widths"])
+    groups = [wres[k] for k in compared]
+
+    def per_width(name, f="{:.1f}"):
+        return ", ".join(f.format(float(wres[k][name].mean())) for k in compared)
+
+    texts = {
+        "ch5_wf_largest": str(largest),
+        "ch5_wf_error": f"{max(float(g['embedding_error'].max()) for g in groups):.0e}",
+        "ch5_wf_enc_own": per_width("trace_encoder"),
+        "ch5_wf_enc_emb": per_width("trace_embedded_encoder"),
+        "ch5_wf_dec_own": per_width("trace_head"),
+        "ch5_wf_dec_emb": per_width("trace_embedded_head"),
+    }
+    enc = {k: float(wres[k]["trace_embedded_encoder"].mean()) for k in compared}
+    for name, pick in (("flattest", min), ("sharpest", max)):
+        w, lr = pick(enc, key=enc.get)
+        texts[f"ch5_wf_{name}"] = f"d = {w} (learning rate {lr:g})"
+    for block, r in ranks.items():
+        e = SeedEffect.of(r["per_replicate"])
+        texts[f"ch5_wf_rank_{block}"] = f"{r['pooled']:+.2f}"
+        texts[f"ch5_wf_rank_{block}_rep"] = f"{e.mean:+.2f} ± {e.se:.2f}"
     return texts

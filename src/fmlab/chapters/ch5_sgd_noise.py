@@ -42,7 +42,13 @@ from torch.func import functional_call
 
 from .._validate import check_float, check_int
 from ..data.hmm_language import HMMLanguage, HMMLanguageConfig
-from ..models.bert import HEAD_PARAMETERS, BertConfig, EnsembleBert, masked_lm_nll
+from ..models.bert import (
+    HEAD_PARAMETERS,
+    BertConfig,
+    EnsembleBert,
+    embed_width,
+    masked_lm_nll,
+)
 from ..repro import make_generator, single_threaded
 from ..theory.decomposition import spearman
 from ..theory.flatness import TraceEstimate, fisher_trace
@@ -59,6 +65,7 @@ __all__ = [
     "noise_transfer_experiment",
     "noise_transfer",
     "trace_transfer_rank_correlation",
+    "width_trace_transfer_rank",
 ]
 
 
@@ -109,13 +116,15 @@ def bert_fisher_trace(
     positions: torch.Tensor,
     *,
     generator: torch.Generator,
+    blocks=bert_blocks,
 ) -> TraceEstimate:
     """Sampled-label estimate of :math:`\\operatorname{tr}\\nabla^2 L_{\\text{pre}}`,
     per block.
 
     One masked position per sentence (``positions``, ``(n,)``), one label drawn from the
-    model for it; :func:`fmlab.theory.flatness.fisher_trace` with the blocks
-    ``encoder`` and ``head`` (:func:`bert_blocks`), per member (``per_group``).
+    model for it; :func:`fmlab.theory.flatness.fisher_trace` per member
+    (``per_group``), with the blocks ``encoder`` and ``head`` (:func:`bert_blocks`) or
+    any other partition of the parameter names (``blocks``).
     """
     _check_model(model)
     tokens = model.check_tokens(tokens)[0]
@@ -140,7 +149,7 @@ def bert_fisher_trace(
         inputs,
         generator=generator,
         groups=model.n_models,
-        blocks=bert_blocks,
+        blocks=blocks,
     )
 
 
@@ -492,7 +501,9 @@ def width_sweep_run(
     """Pretrain ``n_models`` transformers of width ``width`` as one ensemble (initial
     weights from ``make_generator(seed)``, data from ``seed + 1``) and measure, per
     member: the KL gap to the optimal loss (nats), the probe's block accuracy at every
-    probe size, and the Fisher trace per parameter block. Plain lists, for JSON."""
+    probe size, the Fisher trace per parameter block, and the same traces after
+    embedding the member at the largest width (:func:`fmlab.models.bert.embed_width`),
+    with the largest logit change that embedding made. Plain lists, for JSON."""
     if not isinstance(config, WidthSweepConfig):
         raise TypeError(
             f"config must be a WidthSweepConfig, got {type(config).__name__}"
@@ -525,6 +536,11 @@ def width_sweep_run(
             desc=f"width {width}",
         )
         ev = _evaluate(model, sets, c, 21_000)
+        if width < max(c.widths):
+            ev |= _embedded_traces(model, max(c.widths), sets, 21_000)
+        else:  # already at the largest width: the embedding is the identity
+            ev |= {f"trace_embedded_{b}": ev[f"trace_{b}"] for b in ("encoder", "head")}
+            ev["embedding_error"] = torch.zeros(n_models, dtype=torch.float64)
     te_tok = sets["test"][0]
     return {
         "width": width,
@@ -533,10 +549,38 @@ def width_sweep_run(
         "bayes_accuracy": float(
             lang.block_posterior(te_tok)[:, c.position].max(-1).values.mean()
         ),
-    } | {
-        name: ev[name].tolist()
-        for name in ("gap", "accuracy", "trace", "trace_encoder", "trace_head")
-    }
+    } | {name: ev[name].tolist() for name in _SWEEP_FIELDS}
+
+
+_SWEEP_FIELDS = (
+    "gap",
+    "accuracy",
+    "trace",
+    "trace_encoder",
+    "trace_head",
+    "trace_embedded_encoder",
+    "trace_embedded_head",
+    "embedding_error",
+)
+
+
+def _embedded_traces(model: EnsembleBert, width: int, sets: dict, label_seed: int):
+    """Fisher traces per block of every member embedded at ``width`` by
+    :func:`fmlab.models.bert.embed_width` (the same sentences, positions and label seed
+    as :func:`_evaluate`), and the largest change of a logit the embedding made on those
+    sentences, per member."""
+    trace_tok, trace_pos = sets["trace"]
+    big = embed_width(model, width)
+    with torch.no_grad():
+        before = model.masked_logits(trace_tok, trace_pos)
+        error = (big.masked_logits(trace_tok, trace_pos) - before).abs().amax((1, 2))
+    tr = bert_fisher_trace(
+        big, trace_tok, trace_pos, generator=make_generator(label_seed)
+    )
+    return {
+        f"trace_embedded_{block}": est.per_group.double()
+        for block, est in tr.per_block.items()
+    } | {"embedding_error": error.double()}
 
 
 WIDTH_SWEEP_RESULTS = Path(__file__).parent / "results" / "ch5_width_sweep.json"
@@ -545,9 +589,11 @@ WIDTH_SWEEP_RESULTS = Path(__file__).parent / "results" / "ch5_width_sweep.json"
 def width_sweep_results(path: Path | str | None = None) -> dict:
     """The stored width sweep (``scripts/ch5_width_sweep.py``), grouped by
     ``(width, learning rate)``: per group the members' ``gap`` ``(seeds,)``,
-    ``accuracy`` ``(seeds, probe sizes)``, ``trace_encoder``, ``trace_head``, the jobs'
-    ``seconds`` and ``n_params``; ``"meta"`` holds the sweep's configuration and the
-    machine it ran on."""
+    ``accuracy`` ``(seeds, probe sizes)``, ``trace_encoder``, ``trace_head``, the same
+    traces of the members embedded at the largest width (``trace_embedded_encoder``,
+    ``trace_embedded_head``) with the ``embedding_error`` (largest logit change), the
+    jobs' ``seconds`` and ``n_params``; ``"meta"`` holds the sweep's configuration and
+    the machine it ran on."""
     path = Path(WIDTH_SWEEP_RESULTS if path is None else path)
     if not path.is_file():
         raise FileNotFoundError(
@@ -560,10 +606,19 @@ def width_sweep_results(path: Path | str | None = None) -> dict:
             (run["width"], run["lr"]),
             {"n_params": run["n_params"], "bayes_accuracy": run["bayes_accuracy"]},
         )
-        for name in ("gap", "accuracy", "trace_encoder", "trace_head"):
-            g.setdefault(name, []).extend(run[name])
+        for name in _SWEEP_FIELDS:
+            if name in run:
+                g.setdefault(name, []).extend(run[name])
         g.setdefault("seconds", []).append(run["seconds"])
     out: dict = {"meta": data["meta"]}
+    largest = max(data["meta"]["config"]["widths"])
+    for (width, _), g in groups.items():
+        if width == largest and "trace_embedded_encoder" not in g:
+            # runs stored before the embedding was measured: at the largest width the
+            # embedding is the identity, so its traces are the model's own
+            for block in ("encoder", "head"):
+                g[f"trace_embedded_{block}"] = list(g[f"trace_{block}"])
+            g["embedding_error"] = [0.0] * len(g["gap"])
     for key, g in sorted(groups.items()):
         out[key] = {
             k: torch.tensor(v, dtype=torch.float64) if isinstance(v, list) else v
@@ -591,3 +646,27 @@ def width_sweep_compared(results: dict, tolerance: float) -> list[tuple[int, flo
         for w in sorted(best)
         if float(results[best[w]]["gap"].mean()) - lowest < tolerance
     ]
+
+
+def width_trace_transfer_rank(
+    results: dict, compared, block: str = "encoder"
+) -> dict[str, object]:
+    """Spearman rank correlation between the trace of the models embedded at the
+    largest width and the probe's accuracy at the largest probe size, over the compared
+    ``(width, lr)`` groups: ``"per_replicate"`` ``(seeds,)``, replicate ``i`` being
+    the ``i``-th model of every compared width, and ``"pooled"`` over every compared
+    model. ``block`` is ``"encoder"``, ``"head"`` or ``"total"`` (their sum)."""
+    if block not in ("encoder", "head", "total"):
+        raise ValueError(f"block must be 'encoder', 'head' or 'total', got {block!r}")
+    if len(compared) < 2:
+        raise ValueError(f"compared must name at least two groups, got {compared!r}")
+
+    def trace(g):
+        if block == "total":
+            return g["trace_embedded_encoder"] + g["trace_embedded_head"]
+        return g[f"trace_embedded_{block}"]
+
+    tr = torch.stack([trace(results[k]) for k in compared])  # (widths, seeds)
+    acc = torch.stack([results[k]["accuracy"][:, -1] for k in compared]).double()
+    per = torch.tensor([spearman(tr[:, i], acc[:, i]) for i in range(tr.shape[1])])
+    return {"per_replicate": per, "pooled": spearman(tr.flatten(), acc.flatten())}

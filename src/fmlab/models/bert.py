@@ -48,7 +48,7 @@ from torch import nn
 
 from .._validate import check_float, check_int, check_tensor
 
-__all__ = ["BertConfig", "EnsembleBert", "HEAD_PARAMETERS"]
+__all__ = ["BertConfig", "EnsembleBert", "HEAD_PARAMETERS", "embed_width"]
 
 #: names of the decoder's parameters (the "head"); every other parameter is "encoder"
 HEAD_PARAMETERS = ("dec_w", "dec_b")
@@ -265,6 +265,71 @@ class EnsembleBert(nn.Module):
     def n_params(self) -> int:
         """Trainable scalars of one member."""
         return sum(p[0].numel() for p in self.parameters())
+
+
+def embed_width(model: EnsembleBert, width: int) -> EnsembleBert:
+    """The same function at a larger width, by replicating every unit (Liu et al.,
+    2023, Appendix B.4).
+
+    ``width`` must be a multiple :math:`m\\,d` of the model's width :math:`d`. Every
+    feature of the residual stream, of the attention heads and of the MLP is copied
+    :math:`m` times (unit :math:`i` of the wide model is unit :math:`\\lfloor i/m
+    \\rfloor` of the narrow one). A weight that reads replicated features is divided by
+    :math:`m`, so each output is the same sum; a normalisation without gain or bias sees
+    the same mean and variance; the heads (still ``n_heads``, now :math:`m` times wider)
+    see :math:`m` times the dot products under a scale :math:`1/\\sqrt{m\\,d_h}`, so the
+    queries are divided by :math:`\\sqrt m` as well. Logits and every attention pattern
+    are unchanged; the representation :math:`\\phi` is replicated. Returns a new
+    ensemble with the same members.
+    """
+    if not isinstance(model, EnsembleBert):
+        raise TypeError(f"model must be an EnsembleBert, got {type(model).__name__}")
+    c = model.config
+    d = c.d_model
+    width = check_int("width", width, minimum=d)
+    if width % d:
+        raise ValueError(
+            f"width ({width}) must be a multiple of the model's width d_model ({d})"
+        )
+    m = width // d
+    big = BertConfig(
+        c.vocab_size,
+        c.length,
+        d_model=width,
+        n_layers=c.n_layers,
+        n_heads=c.n_heads,
+        d_ff=m * c.d_ff,
+        eps=c.eps,
+    )
+    out = EnsembleBert(big, n_models=model.n_models)
+
+    def rep(w, *dims):  # copy every unit of the given axes m times, in place
+        for ax in dims:
+            w = w.repeat_interleave(m, dim=ax)
+        return w
+
+    new = {}
+    with torch.no_grad():
+        new["tok"] = rep(model.tok, 2)
+        new["pos"] = rep(model.pos, 2)
+        for i in range(c.n_layers):
+            p = lambda name: getattr(model, f"l{i}_{name}")  # noqa: E731
+            qkv_w = rep(p("qkv_w"), 1, 2) / m  # (E, d', 3d'): [q | k | v] blocks
+            qkv_b = rep(p("qkv_b"), 2)
+            qkv_w[..., :width] /= math.sqrt(m)
+            qkv_b[..., :width] /= math.sqrt(m)
+            new[f"l{i}_qkv_w"], new[f"l{i}_qkv_b"] = qkv_w, qkv_b
+            new[f"l{i}_o_w"] = rep(p("o_w"), 1, 2) / m
+            new[f"l{i}_o_b"] = rep(p("o_b"), 2)
+            new[f"l{i}_ff1_w"] = rep(p("ff1_w"), 1, 2) / m
+            new[f"l{i}_ff1_b"] = rep(p("ff1_b"), 2)
+            new[f"l{i}_ff2_w"] = rep(p("ff2_w"), 1, 2) / m
+            new[f"l{i}_ff2_b"] = rep(p("ff2_b"), 2)
+        new["dec_w"] = rep(model.dec_w, 1) / m
+        new["dec_b"] = model.dec_b.clone()
+        for name, value in new.items():
+            getattr(out, name).copy_(value)
+    return out
 
 
 def masked_lm_nll(
