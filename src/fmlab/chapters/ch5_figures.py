@@ -784,45 +784,68 @@ def plot_width_sweep(wres: dict, compared, sizes, tolerance: float):
     return fig
 
 
-def plot_width_flatness(wres: dict, compared, rank: dict):
-    """Left: the encoder's trace of every compared model at its own width and embedded
-    at the largest width; right: the probe's accuracy (largest probe size) against the
-    embedded encoder trace, one colour per width, with the pooled rank correlation
-    (``rank``, from :func:`~fmlab.chapters.ch5_sgd_noise.width_trace_transfer_rank`)."""
+def plot_width_flatness(wres: dict, groups, compared, ranks: dict):
+    """Left: the encoder's trace of every model of ``groups`` (the sweep's groups at
+    equal loss) at its own width and embedded at the largest width, one colour per
+    learning rate; right: the probe's accuracy (largest probe size) against the
+    embedded encoder trace, one colour per learning rate and one marker per width, with
+    the pooled rank correlations of the encoder's trace over ``compared`` and over
+    ``groups`` (``ranks["encoder"]`` and ``ranks["all"]``, results of
+    :func:`~fmlab.chapters.ch5_sgd_noise.width_trace_transfer_rank`)."""
     largest = max(wres["meta"]["config"]["widths"])
     n_big = wres["meta"]["config"]["probe_sizes"][-1]
-    fig, (a0, a1) = plt.subplots(1, 2, figsize=(10, 3.6))
-    colours = [PALETTE[c] for c in ("blue", "orange", "green", "red", "purple")]
-    widths = [w for w, _ in compared]
-    for i, key in enumerate(compared):
-        g, c = wres[key], colours[i % len(colours)]
-        x = torch.full_like(g["trace_encoder"], float(i))
-        a0.scatter(x - 0.12, g["trace_encoder"], color=c, marker="o", s=22)
-        a0.scatter(x + 0.12, g["trace_embedded_encoder"], color=c, marker="D", s=22)
+    fig, (a0, a1) = plt.subplots(1, 2, figsize=(10, 3.8))
+    blocks = ("encoder", "embedded_encoder")
+    rates = sorted({lr for _, lr in groups}, reverse=True)
+    colour = {lr: PALETTE[c] for lr, c in zip(rates, ("blue", "orange", "green"))}
+    widths = sorted({w for w, _ in groups})
+    marker = {w: m for w, m in zip(widths, "os^Dv")}
+    for key in groups:
+        (w, lr), g = key, wres[key]
+        x = torch.full_like(g["trace_encoder"], float(widths.index(w)))
+        shift = 0.3 * (rates.index(lr) - (len(rates) - 1) / 2)
+        own, emb = g["trace_encoder"], g["trace_embedded_encoder"]
+        a0.scatter(x + shift - 0.06, own, s=16, fc="none", ec=colour[lr])
+        a0.scatter(x + shift + 0.06, emb, s=16, color=colour[lr])
         a1.scatter(
             g["trace_embedded_encoder"],
             g["accuracy"][:, -1],
-            color=c,
-            s=26,
-            label=f"d = {key[0]}, lr {key[1]:g}",
+            color=colour[lr],
+            marker=marker[w],
+            s=30 if key in compared else 18,
+            edgecolors="k" if key in compared else "none",
+            linewidths=0.8,
         )
     a0.set_xticks(range(len(widths)), [str(w) for w in widths])
+    top = max(float(wres[k][f"trace_{b}"].max()) for k in groups for b in blocks)
+    a0.set_ylim(0, 1.5 * top)  # room for the legend above the points
     a0.legend(
-        [plt.Line2D([], [], ls="", marker=m, color="k") for m in "oD"],
-        ["own width", f"embedded at d = {largest}"],
+        [plt.Line2D([], [], ls="", marker="o", color=colour[lr]) for lr in rates]
+        + [
+            plt.Line2D([], [], ls="", marker="o", mfc="none", color="grey"),
+            plt.Line2D([], [], ls="", marker="o", color="grey"),
+        ],
+        [f"lr {lr:g}" for lr in rates] + ["own width", f"embedded at d = {largest}"],
         fontsize=8,
+        ncol=2,
+        loc="upper right",
     )
     a0.set(
         xlabel="width $d$",
         ylabel="encoder trace",
         title="Encoder flatness (lower is flatter)",
     )
+    a1.legend(
+        [plt.Line2D([], [], ls="", marker=marker[w], color="grey") for w in widths],
+        [f"d = {w}" for w in widths],
+        fontsize=8,
+    )
     a1.set(
         xlabel=f"encoder trace embedded at d = {largest}",
-        ylabel=f"block accuracy of the probe (n = {n_big})",
-        title=f"Equal loss: rank correlation {rank['pooled']:+.2f} (pooled)",
+        ylabel=f"probe block accuracy (n = {n_big})",
+        title=f"Rank correlation {ranks['encoder']['pooled']:+.2f} (outlined), "
+        f"{ranks['all']['pooled']:+.2f} (all)",
     )
-    a1.legend(fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -904,13 +927,16 @@ def prose_width(wres: dict, compared) -> dict[str, str]:
     return texts
 
 
-def prose_width_flatness(wres: dict, compared, ranks: dict) -> dict[str, str]:
+def prose_width_flatness(wres: dict, compared, equal, ranks: dict) -> dict[str, str]:
     """The numbers the prose on flatness across widths quotes, as text for ``glue``:
     the largest width, the largest logit change of a compared model's embedding, the
     encoder's and decoder's traces per compared width at their own width and embedded,
     the compared widths with the flattest and the sharpest embedded encoder, and the
-    rank correlations (``ranks``: block -> result of
-    :func:`~fmlab.chapters.ch5_sgd_noise.width_trace_transfer_rank`)."""
+    rank correlations (``ranks``: name -> result of
+    :func:`~fmlab.chapters.ch5_sgd_noise.width_trace_transfer_rank`); for the widths
+    with several learning rates among ``equal`` (the groups at equal loss), the
+    embedded encoder trace and the accuracy at each rate, and the number of models at
+    equal loss."""
     largest = max(wres["meta"]["config"]["widths"])
     groups = [wres[k] for k in compared]
 
@@ -926,6 +952,20 @@ def prose_width_flatness(wres: dict, compared, ranks: dict) -> dict[str, str]:
         "ch5_wf_dec_emb": per_width("trace_embedded_head"),
     }
     enc = {k: float(wres[k]["trace_embedded_encoder"].mean()) for k in compared}
+    by_width: dict = {}
+    for w, lr in equal:
+        by_width.setdefault(w, []).append(lr)
+    texts["ch5_wf_by_lr"] = "; ".join(
+        f"d = {w}: "
+        + ", ".join(
+            f"{float(wres[(w, lr)]['trace_embedded_encoder'].mean()):.1f} at "
+            f"lr {lr:g} (accuracy {float(wres[(w, lr)]['accuracy'][:, -1].mean()):.3f})"
+            for lr in sorted(lrs, reverse=True)
+        )
+        for w, lrs in sorted(by_width.items())
+        if len(lrs) > 1
+    )
+    texts["ch5_wf_n_equal"] = str(sum(len(wres[k]["gap"]) for k in equal))
     for name, pick in (("flattest", min), ("sharpest", max)):
         w, lr = pick(enc, key=enc.get)
         texts[f"ch5_wf_{name}"] = f"d = {w} (learning rate {lr:g})"

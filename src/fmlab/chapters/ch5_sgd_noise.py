@@ -65,6 +65,7 @@ __all__ = [
     "noise_transfer_experiment",
     "noise_transfer",
     "trace_transfer_rank_correlation",
+    "width_sweep_equal_loss",
     "width_trace_transfer_rank",
 ]
 
@@ -646,6 +647,19 @@ def width_sweep_compared(results: dict, tolerance: float) -> list[tuple[int, flo
         for w in sorted(best)
         if float(results[best[w]]["gap"].mean()) - lowest < tolerance
     ]
+
+
+def width_sweep_equal_loss(results: dict, tolerance: float) -> list[tuple[int, float]]:
+    """Every ``(width, lr)`` group of the sweep whose mean gap is within ``tolerance``
+    nats of the smallest mean gap of any group: the models at equal loss, whatever
+    their learning rate (the compared groups of :func:`width_sweep_compared` are
+    among them)."""
+    check_float("tolerance", tolerance, minimum=0.0, strict_min=True)
+    keys = [k for k in results if k != "meta"]
+    lowest = min(float(results[k]["gap"].mean()) for k in keys)
+    return sorted(
+        k for k in keys if float(results[k]["gap"].mean()) - lowest < tolerance
+    )
 
 
 def width_trace_transfer_rank(
