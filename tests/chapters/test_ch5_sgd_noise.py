@@ -333,3 +333,51 @@ def test_the_stored_width_sweep_is_complete():
         g = res[key]
         assert g["trace_embedded_encoder"].shape == g["gap"].shape
         assert (g["embedding_error"] < 1e-4).all()
+
+
+def _synthetic_sweep():
+    """Three (width, lr) groups of three models: two at equal loss, one far from
+    it; the embedded encoder trace falls as the accuracy rises (rank correlation -1)."""
+
+    def group(gap, trace, acc):
+        t = torch.tensor(trace, dtype=torch.float64)
+        return {
+            "gap": torch.tensor(gap, dtype=torch.float64),
+            "trace_embedded_encoder": t,
+            "trace_embedded_head": torch.zeros(3, dtype=torch.float64),
+            "accuracy": torch.tensor(acc, dtype=torch.float64)[:, None].repeat(1, 2),
+        }
+
+    return {
+        "meta": {},
+        (16, 0.01): group([0.50, 0.52, 0.51], [9.0, 8.0, 7.0], [0.1, 0.2, 0.3]),
+        (32, 0.01): group([0.02, 0.021, 0.019], [3.0, 2.0, 1.0], [0.7, 0.8, 0.9]),
+        (64, 0.003): group([0.018, 0.02, 0.02], [6.0, 5.0, 4.0], [0.4, 0.5, 0.6]),
+    }
+
+
+def test_width_sweep_equal_loss_keeps_every_group_near_the_lowest_gap():
+    from fmlab.chapters.ch5_sgd_noise import width_sweep_equal_loss
+
+    res = _synthetic_sweep()
+    assert width_sweep_equal_loss(res, 0.01) == [(32, 0.01), (64, 0.003)]
+    assert len(width_sweep_equal_loss(res, 1.0)) == 3
+    with pytest.raises(ValueError, match="tolerance"):
+        width_sweep_equal_loss(res, -1.0)
+
+
+def test_width_trace_transfer_rank_on_monotone_data():
+    from fmlab.chapters.ch5_sgd_noise import width_trace_transfer_rank
+
+    res = _synthetic_sweep()
+    keys = [(16, 0.01), (32, 0.01), (64, 0.003)]
+    r = width_trace_transfer_rank(res, keys, "encoder")
+    assert r["pooled"] == pytest.approx(-1.0)
+    # replicate i: one model per group; trace and accuracy order agree in each
+    assert torch.allclose(
+        r["per_replicate"], torch.full((3,), -1.0, dtype=r["per_replicate"].dtype)
+    )
+    with pytest.raises(ValueError, match="block"):
+        width_trace_transfer_rank(res, keys, "decoder")
+    with pytest.raises(ValueError, match="compared"):
+        width_trace_transfer_rank(res, keys[:1], "encoder")
