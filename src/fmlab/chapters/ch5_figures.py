@@ -945,7 +945,7 @@ def prose_width_flatness(wres: dict, compared, equal, ranks: dict) -> dict[str, 
 
     texts = {
         "ch5_wf_largest": str(largest),
-        "ch5_wf_error": f"{max(float(g['embedding_error'].max()) for g in groups):.0e}",
+        "ch5_wf_error": f"{max(float(g['embedding_error'].max()) for g in groups):.1e}",
         "ch5_wf_enc_own": per_width("trace_encoder"),
         "ch5_wf_enc_emb": per_width("trace_embedded_encoder"),
         "ch5_wf_dec_own": per_width("trace_head"),
