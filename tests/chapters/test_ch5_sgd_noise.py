@@ -379,5 +379,26 @@ def test_width_trace_transfer_rank_on_monotone_data():
     )
     with pytest.raises(ValueError, match="block"):
         width_trace_transfer_rank(res, keys, "decoder")
-    with pytest.raises(ValueError, match="compared"):
+    with pytest.raises(ValueError, match="groups"):
         width_trace_transfer_rank(res, keys[:1], "encoder")
+
+
+def test_width_lr_pairs_pairs_the_extreme_rates_of_each_width():
+    from fmlab.chapters.ch5_sgd_noise import width_lr_pairs
+
+    keys = [(32, 0.01), (32, 0.003), (64, 0.003), (128, 0.005), (128, 0.003)]
+    keys.append((128, 0.004))
+    assert width_lr_pairs(keys) == [
+        ((32, 0.01), (32, 0.003)),
+        ((128, 0.005), (128, 0.003)),
+    ]
+    assert width_lr_pairs([(16, 0.01)]) == []
+
+
+def test_embed_width_leaves_the_global_random_state_alone():
+    m = _model()
+    torch.manual_seed(7)
+    before = torch.rand(3)
+    torch.manual_seed(7)
+    embed_width(m, 2 * CFG.d_model)
+    assert torch.equal(torch.rand(3), before)

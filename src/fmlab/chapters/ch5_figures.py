@@ -13,6 +13,7 @@ import torch
 from ..claims import SeedEffect
 from ..theory.sgd_manifold import flow_trace
 from ..viz import PALETTE, slider_figure, table
+from .ch5_sgd_noise import width_lr_pairs
 from .ch5_theory import DyckConfig, ManifoldResult
 
 __all__ = [
@@ -935,8 +936,9 @@ def prose_width_flatness(wres: dict, compared, equal, ranks: dict) -> dict[str, 
     rank correlations (``ranks``: name -> result of
     :func:`~fmlab.chapters.ch5_sgd_noise.width_trace_transfer_rank`); for the widths
     with several learning rates among ``equal`` (the groups at equal loss), the
-    embedded encoder trace and the accuracy at each rate, and the number of models at
-    equal loss."""
+    embedded encoder trace and the accuracy at the largest and the smallest rate, and
+    the mean accuracy change between them (points); and the number of models at equal
+    loss."""
     largest = max(wres["meta"]["config"]["widths"])
     groups = [wres[k] for k in compared]
 
@@ -952,18 +954,21 @@ def prose_width_flatness(wres: dict, compared, equal, ranks: dict) -> dict[str, 
         "ch5_wf_dec_emb": per_width("trace_embedded_head"),
     }
     enc = {k: float(wres[k]["trace_embedded_encoder"].mean()) for k in compared}
-    by_width: dict = {}
-    for w, lr in equal:
-        by_width.setdefault(w, []).append(lr)
-    texts["ch5_wf_by_lr"] = "; ".join(
-        f"d = {w}: "
-        + ", ".join(
-            f"{float(wres[(w, lr)]['trace_embedded_encoder'].mean()):.1f} at "
-            f"lr {lr:g} (accuracy {float(wres[(w, lr)]['accuracy'][:, -1].mean()):.3f})"
-            for lr in sorted(lrs, reverse=True)
+
+    def at(key):
+        g = wres[key]
+        return (
+            f"{float(g['trace_embedded_encoder'].mean()):.1f} at lr {key[1]:g} "
+            f"(accuracy {float(g['accuracy'][:, -1].mean()):.3f})"
         )
-        for w, lrs in sorted(by_width.items())
-        if len(lrs) > 1
+
+    pairs = width_lr_pairs(equal)
+    texts["ch5_wf_by_lr"] = "; ".join(
+        f"d = {big[0]}: {at(big)}, {at(small)}" for big, small in pairs
+    )
+    top = {k: float(wres[k]["accuracy"][:, -1].mean()) for pair in pairs for k in pair}
+    texts["ch5_wf_lr_acc"] = ", ".join(
+        f"{100 * (top[s] - top[b]):+.1f} (d = {b[0]})" for b, s in pairs
     )
     texts["ch5_wf_n_equal"] = str(sum(len(wres[k]["gap"]) for k in equal))
     for name, pick in (("flattest", min), ("sharpest", max)):

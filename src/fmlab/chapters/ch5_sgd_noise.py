@@ -65,6 +65,7 @@ __all__ = [
     "noise_transfer_experiment",
     "noise_transfer",
     "trace_transfer_rank_correlation",
+    "width_lr_pairs",
     "width_sweep_equal_loss",
     "width_trace_transfer_rank",
 ]
@@ -608,18 +609,9 @@ def width_sweep_results(path: Path | str | None = None) -> dict:
             {"n_params": run["n_params"], "bayes_accuracy": run["bayes_accuracy"]},
         )
         for name in _SWEEP_FIELDS:
-            if name in run:
-                g.setdefault(name, []).extend(run[name])
+            g.setdefault(name, []).extend(run[name])
         g.setdefault("seconds", []).append(run["seconds"])
     out: dict = {"meta": data["meta"]}
-    largest = max(data["meta"]["config"]["widths"])
-    for (width, _), g in groups.items():
-        if width == largest and "trace_embedded_encoder" not in g:
-            # runs stored before the embedding was measured: at the largest width the
-            # embedding is the identity, so its traces are the model's own
-            for block in ("encoder", "head"):
-                g[f"trace_embedded_{block}"] = list(g[f"trace_{block}"])
-            g["embedding_error"] = [0.0] * len(g["gap"])
     for key, g in sorted(groups.items()):
         out[key] = {
             k: torch.tensor(v, dtype=torch.float64) if isinstance(v, list) else v
@@ -662,25 +654,41 @@ def width_sweep_equal_loss(results: dict, tolerance: float) -> list[tuple[int, f
     )
 
 
+def width_lr_pairs(groups) -> list[tuple[tuple[int, float], tuple[int, float]]]:
+    """For every width with at least two learning rates among ``groups`` (``(width,
+    lr)`` keys), the pair ``(largest-rate key, smallest-rate key)``, by width. The
+    sweep's members with the same index share their initialisation and data across
+    rates (their seed depends on the width and the job only), so the pair compares the
+    learning rate alone."""
+    rates: dict = {}
+    for width, lr in groups:
+        rates.setdefault(width, []).append(lr)
+    return [
+        ((w, max(lrs)), (w, min(lrs)))
+        for w, lrs in sorted(rates.items())
+        if len(lrs) > 1
+    ]
+
+
 def width_trace_transfer_rank(
-    results: dict, compared, block: str = "encoder"
+    results: dict, groups, block: str = "encoder"
 ) -> dict[str, object]:
     """Spearman rank correlation between the trace of the models embedded at the
-    largest width and the probe's accuracy at the largest probe size, over the compared
-    ``(width, lr)`` groups: ``"per_replicate"`` ``(seeds,)``, replicate ``i`` being
-    the ``i``-th model of every compared width, and ``"pooled"`` over every compared
-    model. ``block`` is ``"encoder"``, ``"head"`` or ``"total"`` (their sum)."""
+    largest width and the probe's accuracy at the largest probe size, over the
+    ``(width, lr)`` groups ``groups``: ``"per_replicate"`` ``(seeds,)``, replicate ``i``
+    being the ``i``-th model of every group, and ``"pooled"`` over every model of the
+    groups. ``block`` is ``"encoder"``, ``"head"`` or ``"total"`` (their sum)."""
     if block not in ("encoder", "head", "total"):
         raise ValueError(f"block must be 'encoder', 'head' or 'total', got {block!r}")
-    if len(compared) < 2:
-        raise ValueError(f"compared must name at least two groups, got {compared!r}")
+    if len(groups) < 2:
+        raise ValueError(f"groups must name at least two groups, got {groups!r}")
 
     def trace(g):
         if block == "total":
             return g["trace_embedded_encoder"] + g["trace_embedded_head"]
         return g[f"trace_embedded_{block}"]
 
-    tr = torch.stack([trace(results[k]) for k in compared])  # (widths, seeds)
-    acc = torch.stack([results[k]["accuracy"][:, -1] for k in compared]).double()
+    tr = torch.stack([trace(results[k]) for k in groups])  # (groups, seeds)
+    acc = torch.stack([results[k]["accuracy"][:, -1] for k in groups]).double()
     per = torch.tensor([spearman(tr[:, i], acc[:, i]) for i in range(tr.shape[1])])
     return {"per_replicate": per, "pooled": spearman(tr.flatten(), acc.flatten())}

@@ -301,9 +301,10 @@ def embed_width(model: EnsembleBert, width: int) -> EnsembleBert:
         d_ff=m * c.d_ff,
         eps=c.eps,
     )
-    out = EnsembleBert(big, n_models=model.n_models)
+    # every weight is overwritten below; its own generator leaves the global RNG alone
+    out = EnsembleBert(big, n_models=model.n_models, generator=torch.Generator())
 
-    def rep(w, *dims):  # copy every unit of the given axes m times, in place
+    def rep(w, *dims):  # a copy with every unit of the given axes repeated m times
         for ax in dims:
             w = w.repeat_interleave(m, dim=ax)
         return w
