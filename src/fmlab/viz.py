@@ -156,6 +156,12 @@ def fit_to_column(fig, *, bbox: str | None = None) -> float:
     after raising every text to at least :data:`MIN_FONT_PT` and letting the figure's
     own texts (``fig.text``) wrap at its edge. Returns the width it will have, in
     inches (more than the target only when some text cannot shrink to fit)."""
+    return _fit(fig, bbox)[0]
+
+
+def _fit(fig, bbox):
+    """:func:`fit_to_column`'s work: the width in inches, and the box (inches) to
+    save at the final size: the padded tight box it measured, or the whole figure."""
     from matplotlib.layout_engine import ConstrainedLayoutEngine
     from matplotlib.text import Text
 
@@ -176,15 +182,21 @@ def fit_to_column(fig, *, bbox: str | None = None) -> float:
     target = FIGURE_PX / PX_PER_INCH
     w0, h0 = fig.get_size_inches()
 
+    box = None
+
     def measure() -> float:
+        nonlocal box
         if relayout is not None:
             fig.tight_layout(**relayout)
         if not tight:
-            return fig.get_size_inches()[0]
+            box = fig.bbox_inches.frozen()
+            return box.width
         if constrained:
             fig.canvas.draw()
-        width = fig.get_tightbbox(fig.canvas.get_renderer()).width
-        return width + 2 * float(plt.rcParams["savefig.pad_inches"])
+        box = fig.get_tightbbox(fig.canvas.get_renderer()).padded(
+            float(plt.rcParams["savefig.pad_inches"])
+        )
+        return box.width
 
     width = measure()
     for step in range(5):
@@ -199,7 +211,7 @@ def fit_to_column(fig, *, bbox: str | None = None) -> float:
         else:
             fig.set_size_inches(new_w, fig.get_size_inches()[1])
         width = measure()
-    return width
+    return width, box
 
 
 def render_png(fig, *, bbox: str | None = None) -> tuple[bytes, int]:
@@ -208,15 +220,16 @@ def render_png(fig, *, bbox: str | None = None) -> tuple[bytes, int]:
     would not let it shrink to the column is drawn at a smaller scale instead)."""
     import struct
 
-    width = fit_to_column(fig, bbox=bbox)
+    width, box = _fit(fig, bbox)
     scale = min(1.0, FIGURE_PX / (width * PX_PER_INCH))
-    tight = bbox if bbox is not None else plt.rcParams["savefig.bbox"]
     buf = io.BytesIO()
+    # the tight box was measured at the fitted size: saving with it, rather than with
+    # "tight", spares savefig a second layout pass to find the same box
     fig.savefig(
         buf,
         format="png",
         dpi=PX_PER_INCH * PIXEL_RATIO * scale,
-        bbox_inches="tight" if tight == "tight" else None,
+        bbox_inches=box,
     )
     data = buf.getvalue()
     pixels = struct.unpack(">I", data[16:20])[0]  # the PNG header's width

@@ -271,6 +271,21 @@ def test_select_by_validation_brute_force():
     assert select_by_validation([0.7, 0.7, 0.1], [2, 1, 0]) == 1
 
 
+def test_select_by_validation_tolerance_prefers_the_conservative_within_it():
+    gen = torch.Generator().manual_seed(4)
+    for _ in range(200):
+        scores = torch.rand(6, generator=gen, dtype=torch.float64).tolist()
+        order = torch.randperm(6, generator=gen).tolist()
+        tol = float(torch.rand((), generator=gen)) * 0.3
+        got = select_by_validation(scores, order, tolerance=tol)
+        # the first index in `order` within `tol` of the maximum
+        assert got == [i for i in order if scores[i] >= max(scores) - tol][0]
+    # a NaN (diverged) run is never within any tolerance of a finite best
+    assert select_by_validation([math.nan, 0.69, 0.7], [0, 1, 2], tolerance=0.05) == 1
+    with pytest.raises(ValueError, match="tolerance"):
+        select_by_validation([0.1, 0.2], [0, 1], tolerance=-0.1)
+
+
 def test_feature_change_at_loss_and_matched_ratio_by_hand():
     ft = torch.tensor(
         [[1.0, 0.0, 0.0], [0.6, 2.0, 0.0], [0.4, 3.0, 0.0], [0.2, 5.0, 0.0]],
@@ -316,6 +331,8 @@ def test_invalid_arguments_name_the_argument():
         select_by_validation([0.1, 0.2], [0, 0])
     with pytest.raises(ValueError, match="n_track"):
         LPFTConfig(n_track=100_000)
+    with pytest.raises(ValueError, match="select_se"):
+        LPFTConfig(select_se=-1.0)
     with pytest.raises(ValueError, match="lrs"):
         LPFTConfig(lrs=())
     with pytest.raises(ValueError, match="lrs must be strictly increasing"):
@@ -380,10 +397,18 @@ def test_run_lpft_experiment_is_consistent_and_cached(tiny_cache):
             # the rule: best validation accuracy, ties to the conservative end
             order = list(range(sweep.shape[1]))
             order = order[::-1] if m == "lp" else order
-            assert j == select_by_validation(sweep[s, :, 0].tolist(), order)
+            val = sweep[s, :, 0]
+            top = float(val.nan_to_num(0).max())
+            tol = TINY.select_se * math.sqrt(top * (1 - top) / TINY.n_val)
+            assert j == select_by_validation(val.tolist(), order, tolerance=tol)
             assert torch.equal(res["acc"][m][s], sweep[s, j, 1:])
             grid = {"lp": TINY.l2s, "scratch": TINY.scratch_lrs}.get(m, TINY.lrs)
             assert float(res["chosen"][m][s]) == grid[j]
+    # FT's accuracies are the means over its random heads, one rate chosen for all
+    heads = res["ft_heads"]
+    assert heads.shape == (S, TINY.ft_heads, G, 3) and TINY.ft_heads > 1
+    assert torch.allclose(heads.mean(1), res["sweep"]["ft"], equal_nan=True)
+    assert not torch.equal(heads[:, 0], heads[:, 1])  # the heads differ
     for m in ("ft", "lpft"):
         assert res["trace"][m].shape == (S, G, R, 3)
         assert res["change"][m].shape == (S, G, 2)

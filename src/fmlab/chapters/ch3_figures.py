@@ -512,6 +512,8 @@ def describe(cfg) -> dict:
         C=w.n_classes,
         ntrain=cfg.n_train,
         nval=cfg.n_val,
+        select_se=cfg.select_se,
+        heads=cfg.ft_heads,
         ntest=cfg.n_test,
         ls=cfg.label_smoothing,
         steps=cfg.ft_steps,

@@ -18,8 +18,9 @@ labelled ID examples, :math:`\\ell(z, y) = -\\sum_c q_c
   encoder and head.
 
 Every hyper-parameter (:math:`\\lambda` for LP, the learning rates of the others) is
-chosen by one rule, :func:`select_by_validation`: the highest ID validation accuracy,
-ties going to the more conservative value.
+chosen by one rule, :func:`select_by_validation`: the most conservative value whose ID
+validation accuracy is within one standard error of the highest (the one-standard-error
+rule of Breiman et al. 1984; Hastie, Tibshirani and Friedman 2009, Sec. 7.10).
 
 The *feature change* of an input is
 :math:`\\lVert\\phi_{\\text{after}}(x) - \\phi_{\\text{before}}(x)\\rVert_2`;
@@ -71,6 +72,8 @@ __all__ = [
     "feature_change_at_loss",
     "matched_loss_change_ratio",
     "overlap_sweep",
+    "tolerance_moves",
+    "probe_contrast",
     "METHODS",
     "FINE_TUNED",
 ]
@@ -558,15 +561,19 @@ def _row_space(x: torch.Tensor, rtol: float = 1e-5) -> torch.Tensor | None:
     return Vh[:r].T.float().contiguous()
 
 
-def select_by_validation(scores: Sequence[float], order: Sequence[int]) -> int:
+def select_by_validation(
+    scores: Sequence[float], order: Sequence[int], tolerance: float = 0.0
+) -> int:
     """The book's selection rule: the best validation score, ties to the conservative.
 
     ``scores[i]`` is the ID validation accuracy of grid value ``i``; ``order`` lists the
     grid indices from the most conservative value to the least (for a learning rate:
-    smallest first; for a regularisation strength: largest first). Returns the index
-    with the highest score, and among equal scores the one that comes first in
-    ``order``. A NaN score (a diverged run) is never chosen unless all are NaN.
+    smallest first; for a regularisation strength: largest first). Returns the first
+    index in ``order`` whose score is within ``tolerance`` of the highest score (with
+    ``tolerance = 0``: the best, and among equal scores the most conservative). A NaN
+    score (a diverged run) is never chosen unless all are NaN.
     """
+    tolerance = check_float("tolerance", tolerance, minimum=0.0)
     scores = [float(s) for s in scores]
     order = [check_int("order", i, minimum=0, maximum=len(scores) - 1) for i in order]
     if not scores:
@@ -581,7 +588,7 @@ def select_by_validation(scores: Sequence[float], order: Sequence[int]) -> int:
         return -math.inf if math.isnan(s) else s
 
     best = max(key(i) for i in order)
-    return next(i for i in order if key(i) == best)
+    return next(i for i in order if key(i) >= best - tolerance)
 
 
 # -- the experiment -------------------------------------------------------------------
@@ -599,8 +606,15 @@ class LPFTConfig:
     distribution (``None``: keep the pretrained scale). ``lrs`` is the learning-rate
     grid of FT and LP-FT, ``l2s`` LP's grid of :math:`\\lambda`; the *scratch* baseline
     (the same encoder from PyTorch's default initialisation and a random head, trained
-    like FT for ``scratch_steps`` steps) searches ``scratch_lrs``. The defaults are the
-    chapter's design (``notebooks/03-lp-vs-ft.ipynb``) at an overlap angle of 75°.
+    like FT for ``scratch_steps`` steps) searches ``scratch_lrs``. Every method takes
+    the most conservative grid value (the largest :math:`\\lambda`, the smallest
+    learning rate) whose ID validation accuracy is within ``select_se`` standard errors
+    of the best one's, :math:`\\sqrt{p(1-p)/n_{\\text{val}}}` at the best accuracy
+    :math:`p` (``select_se = 0``: the best, exact ties to the conservative). FT is run
+    from ``ft_heads`` random heads at every learning rate; its accuracies are their
+    means, and one rate is chosen for all of them by the mean validation accuracy. The
+    defaults are the chapter's design (``notebooks/03-lp-vs-ft.ipynb``) at an overlap
+    angle of 75°.
     """
 
     world: StyleShiftConfig = field(
@@ -615,7 +629,7 @@ class LPFTConfig:
     pretrain_lr: float = 3e-3
     label_smoothing: float = 0.1
     n_train: int = 384
-    n_val: int = 2000
+    n_val: int = 10_000
     n_test: int = 10_000
     ft_steps: int = 200
     momentum: float = 0.9
@@ -623,6 +637,8 @@ class LPFTConfig:
     l2s: tuple = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
     scratch_lrs: tuple = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
     scratch_steps: int = 200
+    select_se: float = 1.0
+    ft_heads: int = 2
     seeds: tuple = tuple(range(10))
     n_track: int = 250
     track_every: int = 10
@@ -645,6 +661,7 @@ class LPFTConfig:
             "scratch_steps",
             "n_track",
             "track_every",
+            "ft_heads",
         ):
             check_int(name, getattr(self, name), minimum=1)
         if self.feature_norm is not None:
@@ -652,6 +669,7 @@ class LPFTConfig:
         check_float("pretrain_lr", self.pretrain_lr, minimum=0.0, strict_min=True)
         check_float("label_smoothing", self.label_smoothing, minimum=0.0, maximum=1.0)
         check_float("momentum", self.momentum, minimum=0.0, maximum=1.0)
+        check_float("select_se", self.select_se, minimum=0.0)
         for name in ("lrs", "l2s", "scratch_lrs", "seeds"):
             if not isinstance(getattr(self, name), tuple) or not getattr(self, name):
                 raise ValueError(f"{name} must be a non-empty tuple")
@@ -892,21 +910,26 @@ def run_lpft_experiment(cfg: LPFTConfig) -> dict:
     labelled ID examples, ``n_val`` ID validation examples and ``n_test`` ID and OOD
     test examples; run LP at every ``l2``, FT and LP-FT at every learning rate and the
     scratch baseline at every ``scratch_lrs`` value; choose each method's value by
-    :func:`select_by_validation`. LP-FT starts from the chosen LP head.
+    :func:`select_by_validation` with a tolerance of ``select_se`` standard errors of
+    the best validation accuracy. LP-FT starts from the chosen LP head.
     Returns a dict of tensors (``S`` seeds, ``G`` grid values, ``R`` records):
 
-    * ``acc[m]``: ``(S, 2)`` ID and OOD test accuracy at the chosen value;
+    * ``acc[m]``: ``(S, 2)`` ID and OOD test accuracy at the chosen value (for FT the
+      mean over its ``H = ft_heads`` random heads);
     * ``chosen[m]``, ``chosen_index[m]``: ``(S,)`` the chosen value and its grid index;
     * ``sweep[m]``: ``(S, G, 3)`` validation, ID and OOD accuracy at every grid value;
+    * ``ft_heads``: ``(S, H, G, 3)`` FT's validation, ID and OOD accuracy from each
+      random head;
     * ``change[m]`` (FT, LP-FT): ``(S, G, 2)`` average ID and OOD feature change over
-      the ``n_test`` test inputs, and ``ood_change_max[m]``: ``(S, G)`` the largest
-      change of any OOD test input;
+      the ``n_test`` test inputs (for FT, averaged over the heads), and
+      ``ood_change_max[m]``: ``(S, G)`` the largest change of any OOD test input;
     * ``span_residual[m]`` (FT, LP-FT): ``(S, G)`` how far the change of the first
       layer departs from reaching OOD inputs through the overlap alone
-      (:func:`_span_residual`; 0 up to rounding, by the span lemma of Chapter 3);
+      (:func:`_span_residual`, the largest over FT's heads; 0 up to rounding, by the
+      span lemma of Chapter 3);
     * ``trace[m]`` (FT, LP-FT): ``(S, G, R, 3)`` training loss, ID and OOD feature
       change (on ``n_track`` test inputs) at the steps ``trace_steps`` (NaN after a
-      divergence);
+      divergence), for FT of its first head's runs;
     * ``lp_train_loss``: ``(S,)`` the chosen probe's training loss, ``pretrain_loss``:
       ``(S,)`` the mean of the last 50 pretraining mini-batch losses,
       ``feature_norm_id``: ``(S,)`` the average feature norm of the ID test inputs, and
@@ -930,6 +953,11 @@ def run_lpft_experiment(cfg: LPFTConfig) -> dict:
         ood_max = {m: torch.full((S, G), math.nan, dtype=f64) for m in FINE_TUNED}
         span = {m: torch.full((S, G), math.nan, dtype=f64) for m in FINE_TUNED}
         trace = {m: torch.full((S, G, R, 3), math.nan, dtype=f64) for m in FINE_TUNED}
+        H = cfg.ft_heads
+        head_rows = {
+            m: torch.full((S, H if m == "ft" else 1, G, 3), math.nan, dtype=f64)
+            for m in FINE_TUNED
+        }
         lp_loss, norm_id = torch.zeros(S, dtype=f64), torch.zeros(S, dtype=f64)
         overlap = StyleShiftWorld(cfg.world).overlap()
 
@@ -952,7 +980,10 @@ def run_lpft_experiment(cfg: LPFTConfig) -> dict:
         def choose(m, si, rows, order):
             for j, r in enumerate(rows):
                 sweep[m][si, j] = torch.tensor(r, dtype=f64)
-            best = select_by_validation([r[0] for r in rows], order)
+            scores = [r[0] for r in rows]
+            top = max((v for v in scores if not math.isnan(v)), default=0.0)
+            tol = cfg.select_se * math.sqrt(top * (1 - top) / cfg.n_val)
+            best = select_by_validation(scores, order, tolerance=tol)
             acc[m][si] = sweep[m][si, best, 1:]
             chosen[m][si] = float(grids[m][best])
             chosen_index[m][si] = best
@@ -997,15 +1028,20 @@ def run_lpft_experiment(cfg: LPFTConfig) -> dict:
         trace_steps = None
         for si, seed in enumerate(progress(cfg.seeds, total=S, desc="fine-tuning")):
             train_s, encoder = data[si][0], encoders[si]
-            # FT and LP-FT: the same fine-tuning, from a random head or the LP head,
-            # at every learning rate (all 2G runs trained together)
-            ft_head = random_head(cfg.rep_dim, C, make_generator(20_000 + seed))
+            # FT and LP-FT: the same fine-tuning, from random heads or the LP head, at
+            # every learning rate (all (H + 1) G runs trained together)
+            heads = [
+                random_head(
+                    cfg.rep_dim, C, make_generator(1_000_000 * h + 20_000 + seed)
+                )
+                for h in range(H)
+            ]
             runs = fine_tune_batch(
                 encoder,
-                [ft_head] * G + [lp_heads[si]] * G,
+                [h for h in heads for _ in range(G)] + [lp_heads[si]] * G,
                 train_s.x,
                 train_s.labels,
-                lrs=list(cfg.lrs) * 2,
+                lrs=list(cfg.lrs) * (H + 1),
                 steps=cfg.ft_steps,
                 momentum=cfg.momentum,
                 label_smoothing=alpha,
@@ -1015,26 +1051,35 @@ def run_lpft_experiment(cfg: LPFTConfig) -> dict:
                 track_every=cfg.track_every,
             )
             trace_steps = runs.trace_steps
-            for mi, m in enumerate(FINE_TUNED):
-                rows = []
-                for j in range(G):
-                    r = mi * G + j
-                    if bool(runs.diverged[r]):
-                        rows.append([math.nan] * 3)
-                        continue
-                    row, phi_id, phi_ood = evaluate(runs.encoders[r], runs.heads[r], si)
-                    rows.append(row)
-                    d_id = (phi_id - before[si][0]).norm(dim=1)
-                    d_ood = (phi_ood - before[si][1]).norm(dim=1)
-                    change[m][si, j] = torch.stack([d_id.mean(), d_ood.mean()])
-                    ood_max[m][si, j] = d_ood.max()
-                    span[m][si, j] = _span_residual(
-                        encoder, runs.encoders[r], renders[si], overlap
-                    )
-                    trace[m][si, j] = torch.stack(
-                        [runs.trace[k][r] for k in ("train_loss", "id", "ood")], 1
-                    )
-                choose(m, si, rows, list(range(G)))
+            for m, blocks in (("ft", range(H)), ("lpft", [H])):
+                moved = torch.full((len(blocks), G, 2), math.nan, dtype=f64)
+                worst = torch.full((len(blocks), G), math.nan, dtype=f64)
+                resid = torch.full((len(blocks), G), math.nan, dtype=f64)
+                for h, block in enumerate(blocks):
+                    for j in range(G):
+                        r = block * G + j
+                        if bool(runs.diverged[r]):
+                            continue
+                        enc_r = runs.encoders[r]
+                        row, phi_id, phi_ood = evaluate(enc_r, runs.heads[r], si)
+                        head_rows[m][si, h, j] = torch.tensor(row, dtype=f64)
+                        d_id = (phi_id - before[si][0]).norm(dim=1)
+                        d_ood = (phi_ood - before[si][1]).norm(dim=1)
+                        moved[h, j] = torch.stack([d_id.mean(), d_ood.mean()])
+                        worst[h, j] = d_ood.max()
+                        resid[h, j] = _span_residual(
+                            encoder, enc_r, renders[si], overlap
+                        )
+                        if h == 0:  # the trace of the first head's run
+                            trace[m][si, j] = torch.stack(
+                                [runs.trace[k][r] for k in ("train_loss", "id", "ood")],
+                                1,
+                            )
+                # over the heads: the mean accuracies and change, the largest OOD change
+                # and span residual; a rate where a run diverged is NaN, never chosen
+                change[m][si], ood_max[m][si] = moved.mean(0), worst.amax(0)
+                span[m][si] = resid.amax(0)
+                choose(m, si, head_rows[m][si].mean(0).tolist(), list(range(G)))
 
             # scratch: the same encoder from PyTorch's default initialisation and a
             # random head, trained like FT on the same ID examples
@@ -1071,6 +1116,7 @@ def run_lpft_experiment(cfg: LPFTConfig) -> dict:
             "feature_norm_id": norm_id,
             "span_residual": span,
             "overlap": overlap,
+            "ft_heads": head_rows["ft"],
         }
 
     return cached(cfg, build, name="ch03_lpft")
@@ -1093,3 +1139,47 @@ def overlap_sweep(
         if a not in out:
             out[a] = run_lpft_experiment(at_angle(cfg, a, seeds=tuple(seeds)))
     return {a: out[a] for a in sorted(out)}
+
+
+def tolerance_moves(results: Sequence[dict], cfg: LPFTConfig) -> dict:
+    """How often the rule's tolerance changed a choice, over the runs of ``results``
+    (results of :func:`run_lpft_experiment` with ``cfg``'s grids).
+
+    Returns ``{method: (moved, runs)}``: in ``moved`` of ``runs`` worlds the chosen
+    value differs from the one with the single best validation accuracy (exact ties to
+    the conservative); and ``"tolerance"``: the mean tolerance used, in accuracy points.
+    """
+    if not isinstance(cfg, LPFTConfig):
+        raise TypeError(f"cfg must be a LPFTConfig, got {type(cfg).__name__}")
+    out, tols = {}, []
+    for m in METHODS:
+        moved = runs = 0
+        for res in results:
+            val = res["sweep"][m][..., 0]
+            for s in range(val.shape[0]):
+                order = list(range(val.shape[1]))
+                order = order[::-1] if m == "lp" else order
+                best = select_by_validation(val[s].tolist(), order)
+                moved += int(best != int(res["chosen_index"][m][s]))
+                runs += 1
+                top = float(val[s].nan_to_num(0).max())
+                se = math.sqrt(top * (1 - top) / cfg.n_val)
+                tols.append(100 * cfg.select_se * se)
+        out[m] = (moved, runs)
+    out["tolerance"] = sum(tols) / len(tols)
+    return out
+
+
+def probe_contrast(results: Sequence[dict], cfg: LPFTConfig, l2s: tuple) -> dict:
+    """LP at ``l2s[0]`` minus LP at ``l2s[1]`` (two values of ``cfg.l2s``), in
+    accuracy points, over every world of ``results``: ``{"val", "id", "ood"}``, each
+    the mean difference of that accuracy."""
+    if not isinstance(cfg, LPFTConfig):
+        raise TypeError(f"cfg must be a LPFTConfig, got {type(cfg).__name__}")
+    if len(l2s) != 2 or any(v not in cfg.l2s for v in l2s):
+        raise ValueError(f"l2s must be two values of cfg.l2s {cfg.l2s}, got {l2s}")
+    i, j = (cfg.l2s.index(v) for v in l2s)
+    diff = torch.cat([r["sweep"]["lp"][:, i] - r["sweep"]["lp"][:, j] for r in results])
+    return {
+        k: float(100 * diff[:, c].mean()) for c, k in enumerate(("val", "id", "ood"))
+    }
