@@ -220,17 +220,27 @@ def render_png(fig, *, bbox: str | None = None) -> tuple[bytes, int]:
     would not let it shrink to the column is drawn at a smaller scale instead)."""
     import struct
 
+    from matplotlib.layout_engine import PlaceHolderLayoutEngine
+
     width, box = _fit(fig, bbox)
     scale = min(1.0, FIGURE_PX / (width * PX_PER_INCH))
     buf = io.BytesIO()
-    # the tight box was measured at the fitted size: saving with it, rather than with
-    # "tight", spares savefig a second layout pass to find the same box
-    fig.savefig(
-        buf,
-        format="png",
-        dpi=PX_PER_INCH * PIXEL_RATIO * scale,
-        bbox_inches=box,
-    )
+    # the box was measured at the fitted size: saving with it, rather than with
+    # "tight", spares savefig a layout pass to find the same box. A figure laid out by
+    # tight_layout keeps a placeholder layout engine that does nothing at draw time,
+    # yet makes savefig draw the figure once more before saving: set it aside meanwhile
+    engine = fig.get_layout_engine()
+    if isinstance(engine, PlaceHolderLayoutEngine):
+        fig._layout_engine = None
+    try:
+        fig.savefig(
+            buf,
+            format="png",
+            dpi=PX_PER_INCH * PIXEL_RATIO * scale,
+            bbox_inches=box,
+        )
+    finally:
+        fig._layout_engine = engine
     data = buf.getvalue()
     pixels = struct.unpack(">I", data[16:20])[0]  # the PNG header's width
     return data, round(pixels / PIXEL_RATIO)

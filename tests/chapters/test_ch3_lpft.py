@@ -1,5 +1,6 @@
 """Tests of fmlab.chapters.ch3_lpft (Chapter 3) against independent oracles."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -32,6 +33,7 @@ from fmlab.chapters.ch3_lpft import (
     pretrain_encoders,
     random_head,
     run_lpft_experiment,
+    searched,
     select_by_validation,
     softmax_regression,
 )
@@ -420,6 +422,20 @@ def test_run_lpft_experiment_is_consistent_and_cached(tiny_cache):
     assert len(files) == 1
     again = run_lpft_experiment(TINY)
     assert torch.equal(again["acc"]["lpft"], res["acc"]["lpft"])
+
+
+def test_ft_searches_only_its_rates(tiny_cache):
+    cfg = dataclasses.replace(TINY, ft_min_lr=1e-2, seeds=(0,))
+    assert searched(cfg, "ft") == [1, 2] and searched(cfg, "lpft") == [0, 1, 2]
+    res = run_lpft_experiment(cfg)
+    assert torch.isnan(res["sweep"]["ft"][:, 0]).all()  # FT did not run at 1e-3
+    assert torch.isnan(res["ft_heads"][:, :, 0]).all()
+    assert torch.isfinite(res["sweep"]["lpft"][:, 0]).all()  # LP-FT did
+    assert int(res["chosen_index"]["ft"][0]) in (1, 2)
+    with pytest.raises(ValueError, match="ft_min_lr"):
+        dataclasses.replace(TINY, ft_min_lr=0.05)
+    with pytest.raises(ValueError, match="method"):
+        searched(TINY, "probe")
 
 
 def test_pretraining_together_matches_pretraining_each_world_alone(tiny_cache):

@@ -514,6 +514,7 @@ def describe(cfg) -> dict:
         nval=cfg.n_val,
         select_se=cfg.select_se,
         heads=cfg.ft_heads,
+        ft_min=cfg.ft_min_lr,
         ntest=cfg.n_test,
         ls=cfg.label_smoothing,
         steps=cfg.ft_steps,

@@ -37,6 +37,7 @@ from ..theory.feature_distortion import (
     make_linear_shift_problem,
     ood_loss,
 )
+from ..train import cached
 
 __all__ = [
     "LinearTheoryConfig",
@@ -96,12 +97,16 @@ class LinearTheoryConfig:
 
 def linear_sweep(cfg: LinearTheoryConfig) -> DistortionSweep:
     """LP (closed form), FT and LP-FT (gradient flow) on the grid of ``cfg``
-    (:func:`fmlab.theory.feature_distortion.distortion_sweep`)."""
+    (:func:`fmlab.theory.feature_distortion.distortion_sweep`); cached on disk."""
     if not isinstance(cfg, LinearTheoryConfig):
         raise TypeError(f"cfg must be a LinearTheoryConfig, got {type(cfg).__name__}")
     alphas = tuple(math.radians(a) for a in cfg.shift_angles_deg)
-    return distortion_sweep(
-        cfg.base, cfg.feature_errors, alphas, cfg.seeds, cfg.times, dt=cfg.dt
+    return cached(
+        cfg,
+        lambda: distortion_sweep(
+            cfg.base, cfg.feature_errors, alphas, cfg.seeds, cfg.times, dt=cfg.dt
+        ),
+        name="ch03_linear",
     )
 
 

@@ -68,6 +68,7 @@ __all__ = [
     "pretrain_encoders",
     "pretrain_encoder",
     "at_angle",
+    "searched",
     "run_lpft_experiment",
     "feature_change_at_loss",
     "matched_loss_change_ratio",
@@ -612,8 +613,10 @@ class LPFTConfig:
     of the best one's, :math:`\\sqrt{p(1-p)/n_{\\text{val}}}` at the best accuracy
     :math:`p` (``select_se = 0``: the best, exact ties to the conservative). FT is run
     from ``ft_heads`` random heads at every learning rate; its accuracies are their
-    means, and one rate is chosen for all of them by the mean validation accuracy. The
-    defaults are the chapter's design (``notebooks/03-lp-vs-ft.ipynb``) at an overlap
+    means, and one rate is chosen for all of them by the mean validation accuracy. FT
+    searches only the rates of ``lrs`` from ``ft_min_lr`` up (:func:`searched`; its
+    entries at smaller rates are NaN), LP-FT all of them. The defaults are the chapter's
+    design (``notebooks/03-lp-vs-ft.ipynb``) at an overlap
     angle of 75°.
     """
 
@@ -639,6 +642,7 @@ class LPFTConfig:
     scratch_steps: int = 200
     select_se: float = 1.0
     ft_heads: int = 2
+    ft_min_lr: float = 1e-4
     seeds: tuple = tuple(range(10))
     n_track: int = 250
     track_every: int = 10
@@ -683,10 +687,30 @@ class LPFTConfig:
             check_int("seeds", s, minimum=0)
         if len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds must be distinct, got {self.seeds}")
+        check_float("ft_min_lr", self.ft_min_lr, minimum=0.0)
+        if sum(lr >= self.ft_min_lr for lr in self.lrs) < 2:
+            raise ValueError(
+                "ft_min_lr must leave FT at least two rates of lrs, got "
+                f"{self.ft_min_lr}"
+            )
         if self.n_track > self.n_test:
             raise ValueError(
                 f"n_track must be <= n_test, got {self.n_track} > {self.n_test}"
             )
+
+
+def searched(cfg: LPFTConfig, method: str) -> list:
+    """The grid indices that ``method`` searches: all of ``cfg.l2s`` for LP, of
+    ``cfg.scratch_lrs`` for scratch and of ``cfg.lrs`` for LP-FT, and for FT the rates
+    of ``cfg.lrs`` from ``cfg.ft_min_lr`` up."""
+    if not isinstance(cfg, LPFTConfig):
+        raise TypeError(f"cfg must be a LPFTConfig, got {type(cfg).__name__}")
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if method == "ft":
+        return [j for j, lr in enumerate(cfg.lrs) if lr >= cfg.ft_min_lr]
+    grid = {"lp": cfg.l2s, "scratch": cfg.scratch_lrs}.get(method, cfg.lrs)
+    return list(range(len(grid)))
 
 
 def at_angle(cfg: LPFTConfig, angle: float | None, **changes) -> LPFTConfig:
@@ -1036,12 +1060,13 @@ def run_lpft_experiment(cfg: LPFTConfig) -> dict:
                 )
                 for h in range(H)
             ]
+            plan = [(h, j) for h in range(H) for j in searched(cfg, "ft")]  # FT runs
             runs = fine_tune_batch(
                 encoder,
-                [h for h in heads for _ in range(G)] + [lp_heads[si]] * G,
+                [heads[h] for h, _ in plan] + [lp_heads[si]] * G,
                 train_s.x,
                 train_s.labels,
-                lrs=list(cfg.lrs) * (H + 1),
+                lrs=[cfg.lrs[j] for _, j in plan] + list(cfg.lrs),
                 steps=cfg.ft_steps,
                 momentum=cfg.momentum,
                 label_smoothing=alpha,
@@ -1051,32 +1076,54 @@ def run_lpft_experiment(cfg: LPFTConfig) -> dict:
                 track_every=cfg.track_every,
             )
             trace_steps = runs.trace_steps
-            for m, blocks in (("ft", range(H)), ("lpft", [H])):
-                moved = torch.full((len(blocks), G, 2), math.nan, dtype=f64)
-                worst = torch.full((len(blocks), G), math.nan, dtype=f64)
-                resid = torch.full((len(blocks), G), math.nan, dtype=f64)
-                for h, block in enumerate(blocks):
-                    for j in range(G):
-                        r = block * G + j
-                        if bool(runs.diverged[r]):
-                            continue
-                        enc_r = runs.encoders[r]
-                        row, phi_id, phi_ood = evaluate(enc_r, runs.heads[r], si)
-                        head_rows[m][si, h, j] = torch.tensor(row, dtype=f64)
-                        d_id = (phi_id - before[si][0]).norm(dim=1)
-                        d_ood = (phi_ood - before[si][1]).norm(dim=1)
-                        moved[h, j] = torch.stack([d_id.mean(), d_ood.mean()])
-                        worst[h, j] = d_ood.max()
-                        resid[h, j] = _span_residual(
-                            encoder, enc_r, renders[si], overlap
+            # fine-tuning moves the first layer only inside the span Q of the training
+            # inputs (the span lemma; fine_tune_batch trains it as B0 + M Q^T), so each
+            # run's features are ReLU(B0 x + (dB Q)(Q^T x)) with B0 x and Q^T x shared
+            Q = _row_space(train_s.x)
+            first0 = encoder.net[0].weight
+            with torch.no_grad():
+                shared = [
+                    (encoder.net[0](s.x), s.x @ Q)
+                    for s in (data[si][1:] if Q is not None else [])
+                ]
+
+            @torch.no_grad()
+            def features_of(enc):  # features of the validation, ID and OOD test inputs
+                if Q is None:
+                    return [enc(s.x) for s in data[si][1:]]
+                C = (enc.net[0].weight - first0) @ Q
+                return [enc.net[1:](pre + proj @ C.T) for pre, proj in shared]
+
+            where = {
+                "ft": {hj: r for r, hj in enumerate(plan)},
+                "lpft": {(0, j): len(plan) + j for j in range(G)},
+            }
+            for m in FINE_TUNED:
+                n_heads = H if m == "ft" else 1
+                moved = torch.full((n_heads, G, 2), math.nan, dtype=f64)
+                worst = torch.full((n_heads, G), math.nan, dtype=f64)
+                resid = torch.full((n_heads, G), math.nan, dtype=f64)
+                for (h, j), r in where[m].items():
+                    if bool(runs.diverged[r]):
+                        continue
+                    enc_r = runs.encoders[r]
+                    row, phi_id, phi_ood = evaluate(
+                        enc_r, runs.heads[r], si, features_of(enc_r)
+                    )
+                    head_rows[m][si, h, j] = torch.tensor(row, dtype=f64)
+                    d_id = (phi_id - before[si][0]).norm(dim=1)
+                    d_ood = (phi_ood - before[si][1]).norm(dim=1)
+                    moved[h, j] = torch.stack([d_id.mean(), d_ood.mean()])
+                    worst[h, j] = d_ood.max()
+                    resid[h, j] = _span_residual(encoder, enc_r, renders[si], overlap)
+                    if h == 0:  # the trace of the first head's run
+                        trace[m][si, j] = torch.stack(
+                            [runs.trace[k][r] for k in ("train_loss", "id", "ood")],
+                            1,
                         )
-                        if h == 0:  # the trace of the first head's run
-                            trace[m][si, j] = torch.stack(
-                                [runs.trace[k][r] for k in ("train_loss", "id", "ood")],
-                                1,
-                            )
                 # over the heads: the mean accuracies and change, the largest OOD change
-                # and span residual; a rate where a run diverged is NaN, never chosen
+                # and span residual; a rate where a run diverged (or FT did not run) is
+                # NaN, and never chosen
                 change[m][si], ood_max[m][si] = moved.mean(0), worst.amax(0)
                 span[m][si] = resid.amax(0)
                 choose(m, si, head_rows[m][si].mean(0).tolist(), list(range(G)))
@@ -1173,13 +1220,16 @@ def tolerance_moves(results: Sequence[dict], cfg: LPFTConfig) -> dict:
 def probe_contrast(results: Sequence[dict], cfg: LPFTConfig, l2s: tuple) -> dict:
     """LP at ``l2s[0]`` minus LP at ``l2s[1]`` (two values of ``cfg.l2s``), in
     accuracy points, over every world of ``results``: ``{"val", "id", "ood"}``, each
-    the mean difference of that accuracy."""
+    the mean difference of that accuracy, and ``"ahead"``: ``(worlds where l2s[0] has
+    the higher validation accuracy, worlds)``."""
     if not isinstance(cfg, LPFTConfig):
         raise TypeError(f"cfg must be a LPFTConfig, got {type(cfg).__name__}")
     if len(l2s) != 2 or any(v not in cfg.l2s for v in l2s):
         raise ValueError(f"l2s must be two values of cfg.l2s {cfg.l2s}, got {l2s}")
     i, j = (cfg.l2s.index(v) for v in l2s)
     diff = torch.cat([r["sweep"]["lp"][:, i] - r["sweep"]["lp"][:, j] for r in results])
-    return {
+    out = {
         k: float(100 * diff[:, c].mean()) for c, k in enumerate(("val", "id", "ood"))
     }
+    out["ahead"] = (int((diff[:, 0] > 0).sum()), diff.shape[0])
+    return out
