@@ -516,7 +516,7 @@ def test_plot_functions_draw(tiny_cache):
     assert "Living-17" in html and "20×" in html
 
 
-def test_linear_figures_draw():
+def test_linear_figures_draw(tiny_cache):
     import matplotlib.pyplot as plt
 
     lin = lin3.LinearTheoryConfig(
@@ -532,7 +532,11 @@ def test_linear_figures_draw():
     assert len(fig.axes) == 2
     plt.close(fig)
     assert fig3.linear_slider(sweep, lin, eps=(0.0, 0.03), angles=(45.0,)) is not None
-    pic = lin3.feature_picture(lin3.PictureConfig(times=(0.0, 1.0), instances=2))
+    pic = lin3.feature_picture(
+        lin3.PictureConfig(times=(0.0, 1.0), instances=2, horizon=2.0)
+    )
+    with pytest.raises(ValueError, match="horizon"):
+        lin3.PictureConfig(times=(0.0, 1.0), horizon=0.5)  # before the last frame
     assert pic.ends.v.shape[1] == 4  # FT and LP-FT on two instances
     assert fig3.feature_picture_slider(pic) is not None
 

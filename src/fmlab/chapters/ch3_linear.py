@@ -116,7 +116,9 @@ class PictureConfig:
     :math:`\\mathbb{R}^6`, an ID subspace of dimension 3, OOD inputs in its orthogonal
     complement, features ``feature_error_deg`` degrees from optimal; ``n_ood`` OOD
     inputs are drawn; ``times`` are the frames; ``instances`` more instances of the
-    same setting (seeds ``0 .. instances - 1``) are run to the last time."""
+    same setting (seeds ``0 .. instances - 1``) are run to ``horizon``, long enough for
+    FT to fit its training data (a small random head can sit near the saddle point at
+    the origin for a long time)."""
 
     problem: LinearShiftConfig = field(
         default_factory=lambda: LinearShiftConfig(
@@ -133,10 +135,12 @@ class PictureConfig:
     n_ood: int = 12
     times: tuple = (0.0, 0.5, 1.0, 2.0, 4.0, 16.0)
     instances: int = 8
+    horizon: float = 128.0
     dt: float = 0.01
 
     def __post_init__(self):
         check_int("n_ood", self.n_ood, minimum=1)
+        check_float("horizon", self.horizon, minimum=max(self.times))
         check_int("instances", self.instances, minimum=2)
         check_float("dt", self.dt, minimum=0.0, strict_min=True)
 
@@ -149,7 +153,7 @@ class FeaturePicture:
     :math:`S^\\perp`) and ``y_ood`` their labels; ``runs`` maps ``"FT"`` and ``"LP-FT"``
     to their trajectories at ``times``. ``instances`` holds the problems of the other
     instances, and ``ends`` the FT (first ``I``) and LP-FT (last ``I``) states at the
-    last time, batch axis ``2I``.
+    horizon, batch axis ``2I``.
     """
 
     problem: LinearShiftProblem
@@ -161,9 +165,14 @@ class FeaturePicture:
 
 
 def feature_picture(cfg: PictureConfig) -> FeaturePicture:
-    """FT and LP-FT on the picture's instance, and on ``cfg.instances`` more."""
+    """FT and LP-FT on the picture's instance, and on ``cfg.instances`` more; cached
+    on disk."""
     if not isinstance(cfg, PictureConfig):
         raise TypeError(f"cfg must be a PictureConfig, got {type(cfg).__name__}")
+    return cached(cfg, lambda: _feature_picture(cfg), name="ch03_picture")
+
+
+def _feature_picture(cfg: PictureConfig) -> FeaturePicture:
     p = make_linear_shift_problem(cfg.problem)
     g = make_generator(11)
     x_ood = torch.randn(cfg.n_ood, p.X.shape[1], generator=g, dtype=torch.float64)
@@ -185,7 +194,7 @@ def feature_picture(cfg: PictureConfig) -> FeaturePicture:
         torch.cat([y, y]),
         v0,
         torch.cat([B0, B0]),
-        [cfg.times[-1]],
+        [cfg.horizon],
         dt=cfg.dt,
     )
     return FeaturePicture(p, x_ood, y_ood, runs, probs, ends)
