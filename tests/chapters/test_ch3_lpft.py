@@ -18,6 +18,7 @@ from fmlab.chapters.ch3_lpft import (
     METHODS,
     LPFTConfig,
     _row_space,
+    _span_features,
     at_angle,
     build_encoder,
     classifier_accuracy,
@@ -551,3 +552,26 @@ def test_row_space_finds_the_span_of_low_rank_inputs():
     assert torch.allclose(x @ Q @ Q.T, x, atol=1e-5)  # x lies in the span of Q
     assert _row_space(torch.randn(50, 9, generator=g)) is None
     assert _row_space(torch.zeros(5, 3)) is None
+
+
+def test_span_features_match_the_plain_forward_of_fine_tuned_encoders():
+    g = torch.Generator().manual_seed(2)
+    basis = torch.linalg.qr(torch.randn(9, 4, generator=g, dtype=torch.float64))[0]
+    x = (torch.randn(40, 4, generator=g, dtype=torch.float64) @ basis.T).float()
+    y = torch.randint(0, 3, (40,), generator=g)
+    tests = [torch.randn(30, 9, generator=g), torch.randn(20, 9, generator=g)]
+    for depth, bias in ((0, False), (0, True), (1, True)):
+        torch.manual_seed(0)
+        enc = MLP([9] + [6] * depth + [5], final_activation=True)
+        if not bias:  # the chapter's encoder: a bias-free first layer
+            enc.net[0] = nn.Linear(9, 5, bias=False)
+        runs = fine_tune_batch(
+            enc, [random_head(5, 3, g)] * 2, x, y, lrs=[0.05, 0.2], steps=30
+        )
+        Q = _row_space(x)
+        with torch.no_grad():
+            shared = [(enc.net[0](t), t @ Q) for t in tests]
+            for tuned in runs.encoders:
+                got = _span_features(enc.net[0], Q, shared, tuned)
+                for t, f in zip(tests, got):
+                    assert torch.allclose(f, tuned(t), atol=1e-5)

@@ -592,6 +592,35 @@ def select_by_validation(
     return next(i for i in order if key(i) >= best - tolerance)
 
 
+def _tolerance(cfg, scores) -> float:
+    """The rule's tolerance for one search: ``cfg.select_se`` binomial standard errors
+    of the best validation accuracy in ``scores`` (NaN: a run that diverged)."""
+    top = max((float(v) for v in scores if not math.isnan(float(v))), default=0.0)
+    return cfg.select_se * math.sqrt(top * (1 - top) / cfg.n_val)
+
+
+def _conservative_order(method: str, size: int) -> list:
+    """Grid indices from the most conservative value: the largest λ for LP, the
+    smallest learning rate for the others."""
+    order = list(range(size))
+    return order[::-1] if method == "lp" else order
+
+
+def _span_features(first, Q, shared, enc):
+    """The features of the fine-tuned encoder ``enc`` on the input sets of ``shared``,
+    through the span ``Q`` (orthonormal columns) of the training inputs. Fine-tuning
+    moves the first layer's weight only inside that span (the span lemma;
+    :func:`fine_tune_batch` trains it as ``B0 + M Q^T``), so its output on ``x`` is
+    ``B0 x + b + ((B - B0) Q)(Q^T x)`` with ``b`` its bias, if any. ``first`` is the
+    pretrained first layer (``B0``, ``b0``), and ``shared`` holds
+    ``(B0 x + b0, Q^T x)`` for each input set."""
+    with torch.no_grad():
+        layer = enc.net[0]
+        C = (layer.weight - first.weight) @ Q
+        shift = 0.0 if layer.bias is None else layer.bias - first.bias
+        return [enc.net[1:](pre + proj @ C.T + shift) for pre, proj in shared]
+
+
 # -- the experiment -------------------------------------------------------------------
 @dataclass(frozen=True)
 class LPFTConfig:
@@ -616,8 +645,7 @@ class LPFTConfig:
     means, and one rate is chosen for all of them by the mean validation accuracy. FT
     searches only the rates of ``lrs`` from ``ft_min_lr`` up (:func:`searched`; its
     entries at smaller rates are NaN), LP-FT all of them. The defaults are the chapter's
-    design (``notebooks/03-lp-vs-ft.ipynb``) at an overlap
-    angle of 75°.
+    design (``notebooks/03-lp-vs-ft.ipynb``) at an overlap angle of 75°.
     """
 
     world: StyleShiftConfig = field(
@@ -1005,9 +1033,9 @@ def run_lpft_experiment(cfg: LPFTConfig) -> dict:
             for j, r in enumerate(rows):
                 sweep[m][si, j] = torch.tensor(r, dtype=f64)
             scores = [r[0] for r in rows]
-            top = max((v for v in scores if not math.isnan(v)), default=0.0)
-            tol = cfg.select_se * math.sqrt(top * (1 - top) / cfg.n_val)
-            best = select_by_validation(scores, order, tolerance=tol)
+            best = select_by_validation(
+                scores, order, tolerance=_tolerance(cfg, scores)
+            )
             acc[m][si] = sweep[m][si, best, 1:]
             chosen[m][si] = float(grids[m][best])
             chosen_index[m][si] = best
@@ -1042,7 +1070,7 @@ def run_lpft_experiment(cfg: LPFTConfig) -> dict:
                 )
                 init, heads[j] = (W, b), linear_head(W, b)
                 rows[j] = evaluate(encoder, heads[j], si, phi)[0]
-            best = choose("lp", si, rows, list(reversed(range(len(cfg.l2s)))))
+            best = choose("lp", si, rows, _conservative_order("lp", len(cfg.l2s)))
             lp_heads.append(heads[best])
             with torch.no_grad():
                 lp_loss[si] = F.cross_entropy(
@@ -1076,23 +1104,20 @@ def run_lpft_experiment(cfg: LPFTConfig) -> dict:
                 track_every=cfg.track_every,
             )
             trace_steps = runs.trace_steps
-            # fine-tuning moves the first layer only inside the span Q of the training
-            # inputs (the span lemma; fine_tune_batch trains it as B0 + M Q^T), so each
-            # run's features are ReLU(B0 x + (dB Q)(Q^T x)) with B0 x and Q^T x shared
+            # each run's features of the validation, ID and OOD test inputs, through
+            # the span of the training inputs (B0 x and Q^T x computed once)
             Q = _row_space(train_s.x)
-            first0 = encoder.net[0].weight
             with torch.no_grad():
                 shared = [
                     (encoder.net[0](s.x), s.x @ Q)
                     for s in (data[si][1:] if Q is not None else [])
                 ]
 
-            @torch.no_grad()
-            def features_of(enc):  # features of the validation, ID and OOD test inputs
+            def features_of(enc):
                 if Q is None:
-                    return [enc(s.x) for s in data[si][1:]]
-                C = (enc.net[0].weight - first0) @ Q
-                return [enc.net[1:](pre + proj @ C.T) for pre, proj in shared]
+                    with torch.no_grad():
+                        return [enc(s.x) for s in data[si][1:]]
+                return _span_features(encoder.net[0], Q, shared, enc)
 
             where = {
                 "ft": {hj: r for r, hj in enumerate(plan)},
@@ -1203,15 +1228,12 @@ def tolerance_moves(results: Sequence[dict], cfg: LPFTConfig) -> dict:
         moved = runs = 0
         for res in results:
             val = res["sweep"][m][..., 0]
+            order = _conservative_order(m, val.shape[1])
             for s in range(val.shape[0]):
-                order = list(range(val.shape[1]))
-                order = order[::-1] if m == "lp" else order
                 best = select_by_validation(val[s].tolist(), order)
                 moved += int(best != int(res["chosen_index"][m][s]))
                 runs += 1
-                top = float(val[s].nan_to_num(0).max())
-                se = math.sqrt(top * (1 - top) / cfg.n_val)
-                tols.append(100 * cfg.select_se * se)
+                tols.append(100 * _tolerance(cfg, val[s].tolist()))
         out[m] = (moved, runs)
     out["tolerance"] = sum(tols) / len(tols)
     return out
