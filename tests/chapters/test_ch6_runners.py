@@ -78,7 +78,7 @@ def test_config_gives_the_chapters_pretraining_config():
         1,
         "linear",
         "documents",
-        0.05,
+        0.15,
     )
     assert cfg.world.vocab_size == 150 and p.world == cfg.world
     assert (p.steps, p.warmup, p.lr, p.dropout) == (1500, 225, 3e-3, 0.0)

@@ -1026,7 +1026,7 @@ class Chapter6Config:
     steps: int = 1500
     lr: float = 3e-3
     warmup: int = 225
-    corpus_eps: float = 0.05
+    corpus_eps: float = 0.15
     model_seeds: tuple = (0, 1)
     ns: tuple = (0, 1, 2, 4, 8)
     ks: tuple = (3, 5)
