@@ -70,6 +70,29 @@ def test_the_grid_drops_and_counts_diverged_candidates(prompt, data):
         ch4._select(cands[1:])
 
 
+def test_the_same_steps_analog_follows_a_lazy_fine_tuning_run(prompt, data):
+    # at a small rate fine-tuning is nearly linear, so its test outputs after T steps
+    # are those of T gradient steps of the eNTK in function space (same rate c / K̄)
+    from fmlab.theory.kernels import jacobian
+
+    j = {s: jacobian(prompt, data[s].x_prompt) for s in ("train", "test")}
+    f0 = {s: ch4.outputs(prompt, data[s].x_prompt) for s in ("train", "test")}
+    y = {s: data[s].y for s in ("train", "test")}
+    scale, steps = 0.05, 5
+    lr = scale / float(j["train"].pow(2).sum(1).mean())
+    tuned = ch4.fine_tune_logistic(
+        prompt,
+        data["train"].x_prompt,
+        y["train"],
+        ch4.LogisticFineTuneConfig("sgd", lr, steps),
+    )
+    f_ft = ch4.outputs(tuned, data["test"].x_prompt).double()
+    f_k = ch4.same_steps_outputs(j, f0, y, scale, steps)
+    moved = (f_ft - f0["test"].double()).norm()
+    assert moved > 0
+    assert (f_ft - f_k).norm() / moved < 0.02
+
+
 def test_analog_hyperparameters_must_be_in_the_grids():
     grid = dict(
         steps=30,

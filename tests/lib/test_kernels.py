@@ -42,6 +42,7 @@ from fmlab.theory.kernels import (
     flat_params,
     jacobian,
     kernel_distance,
+    kernel_gradient_descent,
     kernel_predict,
     kernels_from_jacobians,
     linear_per_example_gradients,
@@ -271,6 +272,47 @@ def test_kernel_logistic_regression_matches_primal_solution():
     assert np.allclose(
         kernel_predict(phi @ psi.T, alpha_a, f0).numpy(), primal_a, atol=1e-5
     )
+
+
+def test_kernel_gradient_descent_is_gradient_descent_on_a_linear_model():
+    # f(x) = f0(x) + <phi(x), theta>, theta from 0: T steps of GD on the mean logistic
+    # loss end where the kernel analog with K = phi phi^T ends, on train and new inputs
+    g = make_generator(1)
+    n, p, lr, steps = 10, 25, 0.3, 40
+    phi = torch.randn(n, p, generator=g, dtype=torch.float64)
+    phi_new = torch.randn(6, p, generator=g, dtype=torch.float64)
+    y = torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0).double()
+    f0 = 0.5 * torch.randn(n, generator=g, dtype=torch.float64)
+    f0_new = 0.5 * torch.randn(6, generator=g, dtype=torch.float64)
+    theta = torch.zeros(p, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.SGD([theta], lr=lr)
+    for _ in range(steps):
+        opt.zero_grad()
+        torch.nn.functional.softplus(-y * (f0 + phi @ theta)).mean().backward()
+        opt.step()
+    k = phi @ phi.T
+    f_new = kernel_gradient_descent(
+        k, phi_new @ phi.T, y, lr=lr, steps=steps, f0_train=f0, f0_eval=f0_new
+    )
+    assert torch.allclose(f_new, f0_new + phi_new @ theta.detach(), atol=1e-10)
+    f_tr = kernel_gradient_descent(k, k, y, lr=lr, steps=steps, f0_train=f0, f0_eval=f0)
+    assert torch.allclose(f_tr, f0 + phi @ theta.detach(), atol=1e-10)
+    # no steps: the starting outputs
+    assert torch.equal(kernel_gradient_descent(k, k, y, lr=lr, steps=0, f0_eval=f0), f0)
+
+
+def test_kernel_gradient_descent_validates_arguments():
+    k, y = torch.eye(3), torch.ones(3)
+    with pytest.raises(ValueError, match="k_eval"):
+        kernel_gradient_descent(k, torch.ones(2, 4), y, lr=0.1, steps=1)
+    with pytest.raises(ValueError, match="y must hold labels"):
+        kernel_gradient_descent(k, k, torch.zeros(3), lr=0.1, steps=1)
+    with pytest.raises(ValueError, match="lr"):
+        kernel_gradient_descent(k, k, y, lr=0.0, steps=1)
+    with pytest.raises(ValueError, match="steps"):
+        kernel_gradient_descent(k, k, y, lr=0.1, steps=-1)
+    with pytest.raises(FloatingPointError, match="diverged"):
+        kernel_gradient_descent(1e300 * k.double(), k, -y, lr=1e10, steps=3)
 
 
 def test_kernel_logistic_validates_arguments():

@@ -603,9 +603,11 @@ class KernelExperimentConfig:
 
     ``analog_lr_scale`` (with ``analog_adam_lr`` and ``analog_signgd_reg``), when set,
     also records each run's fine-tuning at that fixed hyperparameter beside its own
-    kernel analog, with no validation choice: SGD at :math:`c` against the eNTK at ridge
-    :math:`1/(cT)` (``T = steps``), and Adam at ``analog_adam_lr`` against the
-    asymmetric SignGD kernel at ridge ``analog_signgd_reg``. They must be in the grids,
+    kernel analogs, with no validation choice: SGD at :math:`c` against the eNTK trained
+    by the same ``T = steps`` gradient steps in function space (its exact analog, in
+    both settings) and against the eNTK at ridge :math:`1/(cT)` (a ridge standing in for
+    the stopping time), and Adam at ``analog_adam_lr`` against the asymmetric SignGD
+    kernel at ridge ``analog_signgd_reg``. They must be in the grids,
     since the recorded numbers are those grid candidates.
     """
 
@@ -882,6 +884,27 @@ def _fine_tune_grid(model0, data, x_key, configs, seed, *, dynamics=None):
     return cands
 
 
+def same_steps_outputs(j, f0, y, scale: float, steps: int) -> torch.Tensor:
+    """Test outputs (float64) of the eNTK's exact analog of the SGD-FT run at scale
+    ``scale``: ``steps`` gradient steps of rate :math:`c/\\bar K` in function space
+    (:func:`~fmlab.theory.kernels.kernel_gradient_descent`). ``j``, ``f0``, ``y``:
+    dicts with keys train/test."""
+    from ..theory.kernels import kernel_gradient_descent, kernels_from_jacobians
+
+    k_tr = kernels_from_jacobians(j["train"], j["train"])["sgd"]
+    k_te = kernels_from_jacobians(j["test"], j["train"])["sgd"]
+    f_te = kernel_gradient_descent(
+        k_tr,
+        k_te,
+        y["train"],
+        lr=scale / float(j["train"].pow(2).sum(1).mean()),  # as the run's rate
+        steps=steps,
+        f0_train=f0["train"],
+        f0_eval=f0["test"],
+    )
+    return f_te
+
+
 def _one_run(mlm, lang, k, seed, config, test, prompt_test, z_test, bow_test):
     """Every method of the chapter on one k-shot training set; see
     :class:`KernelExperiment`."""
@@ -954,11 +977,14 @@ def _one_run(mlm, lang, k, seed, config, test, prompt_test, z_test, bow_test):
     )
     record_sgd("prompt", cands)
     fixed = config.analog_lr_scale
-    if fixed is not None:  # the run at c and its own kernel analog, no validation
+    if fixed is not None:  # the run at c and its own kernel analogs, no validation
         acc[("prompt", "SGD-FT, fixed c")] = analog(cands, fixed)
         acc[("prompt", "K-SGD, analog ridge")] = every_fit["sgd"][
             config.analog_reg("sgd")
         ]
+        acc[("prompt", "K-SGD, same steps")] = sign_accuracy(
+            same_steps_outputs(j, f0, y, fixed, config.steps).float(), y["test"]
+        )
     if everything:
         adam = [
             (lr, LogisticFineTuneConfig("adam", lr, config.steps))
@@ -1019,6 +1045,11 @@ def _one_run(mlm, lang, k, seed, config, test, prompt_test, z_test, bow_test):
         std0, data, "x_plain", sgd_configs(j["train"]), seed, dynamics=dynamics
     )
     record_sgd("standard", cands)
+    if fixed is not None:
+        acc[("standard", "SGD-FT, fixed c")] = analog(cands, fixed)
+        acc[("standard", "K-SGD, same steps")] = sign_accuracy(
+            same_steps_outputs(j, f0, y, fixed, config.steps).float(), y["test"]
+        )
     del j
 
     # -- a bag of words

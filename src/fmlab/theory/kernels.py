@@ -49,6 +49,7 @@ __all__ = [
     "newton_minimize",
     "fit_kernel_logistic",
     "kernel_predict",
+    "kernel_gradient_descent",
     "lora_projected_kernel",
     "linear_per_example_gradients",
     "time_entk",
@@ -542,6 +543,85 @@ def kernel_predict(
             ).double()
         )
     return out
+
+
+def kernel_gradient_descent(
+    k_train: torch.Tensor,
+    k_eval: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    lr: float,
+    steps: int,
+    f0_train: torch.Tensor | None = None,
+    f0_eval: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The kernel analog of ``steps`` full-batch gradient steps on the mean logistic
+    loss (Definition 3.3 of Malladi et al., 2023): the outputs move in function space,
+
+    .. math::
+        f_{t+1}(x) = f_t(x) - \\frac{\\eta}{n} \\sum_i K(x, x_i)\\,\\chi_i^{(t)},
+        \\qquad \\chi_i^{(t)} = -y_i\\,\\sigma\\bigl(-y_i f_t(x_i)\\bigr),
+
+    from :math:`f_0`, with the kernel held fixed. A model whose fine-tuning is exactly
+    linear in its parameters, trained by gradient descent at rate :math:`\\eta` for
+    the same steps, ends at these outputs; no ridge stands in for the stopping time.
+
+    Parameters
+    ----------
+    k_train : Tensor ``(n, n)``
+        :math:`K(x_i, x_j)` on the training set.
+    k_eval : Tensor ``(m, n)``
+        :math:`K(x, x_j)` for the inputs to predict.
+    y : Tensor ``(n,)``
+        Labels in {-1, +1}.
+    lr, steps
+        The step size :math:`\\eta` of the parameter updates and their number.
+    f0_train, f0_eval : Tensor, optional
+        The starting outputs (default 0).
+
+    Returns
+    -------
+    Tensor ``(m,)``, float64: the outputs on the evaluated inputs after ``steps``.
+    """
+    k = check_tensor("k_train", k_train, ndim=2, floating=True).double()
+    n = k.shape[0]
+    if k.shape[1] != n:
+        raise ValueError(f"k_train must be square, got shape {tuple(k.shape)}")
+    k_ev = check_tensor("k_eval", k_eval, ndim=2, floating=True).double()
+    if k_ev.shape[1] != n:
+        raise ValueError(
+            f"k_eval must have {n} columns (one per training input), got shape "
+            f"{tuple(k_ev.shape)}"
+        )
+    y = check_tensor("y", y, shape=(n,)).double()
+    if not bool(((y == 1) | (y == -1)).all()):
+        raise ValueError("y must hold labels in {-1, +1}")
+    lr = check_float("lr", lr, minimum=0.0, strict_min=True)
+    steps = check_int("steps", steps, minimum=0)
+    f_tr = (
+        torch.zeros(n, dtype=torch.float64)
+        if f0_train is None
+        else check_tensor("f0_train", f0_train, shape=(n,), floating=True).double()
+    )
+    f_ev = (
+        torch.zeros(k_ev.shape[0], dtype=torch.float64)
+        if f0_eval is None
+        else check_tensor(
+            "f0_eval", f0_eval, shape=(k_ev.shape[0],), floating=True
+        ).double()
+    )
+    # the outputs at the training inputs decide every step; the evaluated ones follow
+    # from the summed coefficients
+    coef = torch.zeros(n, dtype=torch.float64)
+    for _ in range(steps):
+        chi = -y * torch.sigmoid(-y * f_tr)
+        f_tr = f_tr - lr / n * (k @ chi)
+        coef = coef - lr / n * chi
+    if not bool(torch.isfinite(f_tr).all()):
+        raise FloatingPointError(
+            f"kernel gradient descent diverged (lr = {lr:.3g}); use a smaller lr"
+        )
+    return f_ev + k_ev @ coef
 
 
 def lora_projected_kernel(
