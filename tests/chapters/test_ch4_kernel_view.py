@@ -70,6 +70,49 @@ def test_the_grid_drops_and_counts_diverged_candidates(prompt, data):
         ch4._select(cands[1:])
 
 
+def test_checkpoints_are_the_shorter_runs(prompt, data):
+    task, seen = data["train"], {}
+
+    def keep(t, model):
+        seen[t] = ch4.outputs(model, data["test"].x_prompt)
+
+    cfg = ch4.LogisticFineTuneConfig("sgd", 1e-2, 6)
+    ch4.fine_tune_logistic(
+        prompt, task.x_prompt, task.y, cfg, checkpoints=(2, 6), on_checkpoint=keep
+    )
+    for t in (2, 6):  # full-batch steps: the checkpoint is the run stopped there
+        short = ch4.fine_tune_logistic(
+            prompt, task.x_prompt, task.y, ch4.LogisticFineTuneConfig("sgd", 1e-2, t)
+        )
+        assert torch.equal(seen[t], ch4.outputs(short, data["test"].x_prompt))
+    with pytest.raises(ValueError, match="checkpoints"):
+        ch4.fine_tune_logistic(prompt, task.x_prompt, task.y, cfg, checkpoints=(7,))
+
+
+def test_the_wide_grid_keeps_the_checkpoints_before_a_divergence(prompt, data):
+    cfg = ch4.KernelExperimentConfig(
+        shots=(4,),
+        steps=2,
+        sgd_lr_scales=(1.0,),
+        wide_scales=(1.0, 1e30),
+        wide_checkpoints=(1, 3),
+    )
+    lazy = ch4._fine_tune_grid(
+        prompt, data, "x_prompt", [(1.0, ch4.LogisticFineTuneConfig("sgd", 1e-3, 2))], 0
+    )
+    j_train = torch.ones(8, 3)  # K̄ = 3: the wide runs' rates are c / 3
+    best, diverged = ch4._wide_grid(prompt, data, "x_prompt", lazy, j_train, cfg, 0)
+    assert diverged == 1  # the run at 1e30 diverges at its first step
+    assert (best["scale"], best["steps"]) in {(1.0, 2), (1.0, 1), (1.0, 3)}
+    assert best["test"].shape == data["test"].y.shape
+    assert bool(torch.isfinite(best["test"]).all())
+    with pytest.raises(ValueError, match="together"):
+        ch4.KernelExperimentConfig(wide_scales=(4.0,))
+    grid = ch4.wide_grid(30)
+    assert 1 / (64 * 100) in grid["kernel_regs"] and 1 / 30 in grid["kernel_regs"]
+    assert len(set(grid["kernel_regs"])) == len(grid["kernel_regs"])
+
+
 def test_the_same_steps_analog_follows_a_lazy_fine_tuning_run(prompt, data):
     # at a small rate fine-tuning is nearly linear, so its test outputs after T steps
     # are those of T gradient steps of the eNTK in function space (same rate c / K̄)

@@ -90,6 +90,7 @@ __all__ = [
     "SignGDSteps",
     "signgd_steps",
     "lazy_grid",
+    "wide_grid",
     "FewShotRuns",
     "few_shot_runs",
     "bayes_output_derivative",
@@ -221,9 +222,7 @@ def pretrain_masked_lm(
             "losses": losses,
         }
 
-    # the version changes whenever the language or the training loop changes without a
-    # change of the config (the cache does not know the code)
-    entry = cached({"pretrain": config, "version": 4}, build, name="ch4_mlm")
+    entry = cached({"pretrain": config}, build, name="ch4_mlm")
     model = TinyTransformer(_model_config(lang, config), seed=config.seed)
     model.load_state_dict(entry["state"])
     model.eval()
@@ -417,6 +416,8 @@ def fine_tune_logistic(
     config: LogisticFineTuneConfig,
     *,
     seed: int = 0,
+    checkpoints: tuple[int, ...] = (),
+    on_checkpoint=None,
 ) -> nn.Module:
     """A fine-tuned copy of ``model``: ``config.steps`` steps on the logistic loss.
 
@@ -425,7 +426,9 @@ def fine_tune_logistic(
     (all of them, or the LoRA factors). SignGD updates :math:`\\theta \\leftarrow
     \\theta - \\eta\\,\\operatorname{sign}(\\nabla L)`. Raises
     :class:`FineTuneDiverged` at the first step whose loss is not finite, or at the end
-    if a parameter is not.
+    if a parameter is not. ``on_checkpoint(t, model)`` is called (model in eval mode,
+    not to be modified) after each step count ``t`` in ``checkpoints`` whose weights are
+    finite, so that a run that diverges later keeps its earlier checkpoints.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -446,6 +449,16 @@ def fine_tune_logistic(
     g = make_generator(check_int("seed", seed, minimum=0))
     order = torch.randperm(n, generator=g)
     cursor = 0
+    checkpoints = tuple(check_int("checkpoints", t, minimum=1) for t in checkpoints)
+    if checkpoints and (on_checkpoint is None or max(checkpoints) > config.steps):
+        raise ValueError(
+            "checkpoints need on_checkpoint and must not exceed the steps "
+            f"({config.steps}), got {checkpoints}"
+        )
+
+    def finite():
+        return all(bool(torch.isfinite(p).all()) for p in params)
+
     tuned.train()
     for step in range(config.steps):
         if batch == n:
@@ -464,7 +477,13 @@ def fine_tune_logistic(
             for p in params:
                 p.grad = p.grad.sign()
         opt.step()
-    if not all(bool(torch.isfinite(p).all()) for p in params):
+        if step + 1 in checkpoints:
+            if not finite():
+                raise FineTuneDiverged(config.optimizer, config.lr, step, "a parameter")
+            tuned.eval()
+            on_checkpoint(step + 1, tuned)
+            tuned.train()
+    if not finite():
         raise FineTuneDiverged(config.optimizer, config.lr, config.steps, "a parameter")
     tuned.eval()
     return tuned
@@ -609,6 +628,11 @@ class KernelExperimentConfig:
     the stopping time), and Adam at ``analog_adam_lr`` against the asymmetric SignGD
     kernel at ridge ``analog_signgd_reg``. They must be in the grids,
     since the recorded numbers are those grid candidates.
+
+    ``wide_scales`` with ``wide_checkpoints`` add the paper's wide search to SGD-FT in
+    both settings: runs at each scale :math:`c`, read at each checkpoint (a step
+    count), join the grid's runs, and the validated choice among all of them is
+    recorded as ``"SGD-FT, wide grid"`` (its scale and step count in ``chosen``).
     """
 
     shots: tuple[int, ...] = (4, 16)
@@ -624,6 +648,8 @@ class KernelExperimentConfig:
     analog_lr_scale: float | None = None
     analog_adam_lr: float = 5e-5
     analog_signgd_reg: float = 1 / 240
+    wide_scales: tuple[float, ...] = ()
+    wide_checkpoints: tuple[int, ...] = ()
 
     def __post_init__(self):
         for name in (
@@ -647,6 +673,19 @@ class KernelExperimentConfig:
                 check_float(name, v, minimum=0.0, strict_min=True)
         check_int("lora_rank", self.lora_rank, minimum=1)
         check_choice("methods", self.methods, ("all", "sgd"))
+        if not isinstance(self.wide_scales, tuple) or not isinstance(
+            self.wide_checkpoints, tuple
+        ):
+            raise ValueError("wide_scales and wide_checkpoints must be tuples")
+        if bool(self.wide_scales) != bool(self.wide_checkpoints):
+            raise ValueError(
+                "wide_scales and wide_checkpoints must be given together, got "
+                f"{self.wide_scales} and {self.wide_checkpoints}"
+            )
+        for v in self.wide_scales:
+            check_float("wide_scales", v, minimum=0.0, strict_min=True)
+        for t in self.wide_checkpoints:
+            check_int("wide_checkpoints", t, minimum=1)
         if self.analog_lr_scale is not None:
             if self.analog_lr_scale not in self.sgd_lr_scales:
                 raise ValueError(
@@ -884,6 +923,52 @@ def _fine_tune_grid(model0, data, x_key, configs, seed, *, dynamics=None):
     return cands
 
 
+def _wide_grid(model0, data, x_key, lazy, j_train, config, seed) -> tuple[dict, int]:
+    """The validated choice among the grid's SGD runs ``lazy`` (candidates of
+    :func:`_fine_tune_grid`) and runs at each of ``config.wide_scales`` (learning rate
+    :math:`c/\\bar K`, ``j_train`` the training Jacobian), read at each of
+    ``config.wide_checkpoints``; also the number of those runs that diverged."""
+    j_scale = float(j_train.pow(2).sum(1).mean())
+    cands = [
+        {**c, "scale": c["value"], "steps": config.steps}
+        for c in lazy
+        if not c.get("diverged")
+    ]
+    diverged = 0
+    x_val, x_test = getattr(data["val"], x_key), getattr(data["test"], x_key)
+
+    def record(scale):
+        def on_checkpoint(t, model):  # the test set is read for the chosen one only
+            cand = _scored(outputs(model, x_val), data["val"].y, scale=scale, steps=t)
+            cand["state"] = copy.deepcopy(model.state_dict())
+            cands.append(cand)
+
+        return on_checkpoint
+
+    for scale in config.wide_scales:
+        ft = LogisticFineTuneConfig(
+            "sgd", scale / j_scale, max(config.wide_checkpoints)
+        )
+        try:
+            fine_tune_logistic(
+                model0,
+                getattr(data["train"], x_key),
+                data["train"].y,
+                ft,
+                seed=seed,
+                checkpoints=config.wide_checkpoints,
+                on_checkpoint=record(scale),
+            )
+        except FineTuneDiverged:  # its finite checkpoints stay candidates
+            diverged += 1
+    best = _select(cands)
+    if "test" not in best:
+        model = copy.deepcopy(model0)
+        model.load_state_dict(best["state"])
+        best["test"] = outputs(model.eval(), x_test)
+    return best, diverged
+
+
 def same_steps_outputs(j, f0, y, scale: float, steps: int) -> torch.Tensor:
     """Test outputs (float64) of the eNTK's exact analog of the SGD-FT run at scale
     ``scale``: ``steps`` gradient steps of rate :math:`c/\\bar K` in function space
@@ -952,6 +1037,15 @@ def _one_run(mlm, lang, k, seed, config, test, prompt_test, z_test, bow_test):
             "f_lin": torch.stack([c["stats"]["f_lin"] for c in cands]),
         }
 
+    def record_wide(setting, model0, x_key, lazy, j_train):
+        if not config.wide_scales:
+            return
+        best, n = _wide_grid(model0, data, x_key, lazy, j_train, config, seed)
+        diverged[(setting, "SGD-FT, wide grid")] = n
+        acc[(setting, "SGD-FT, wide grid")] = sign_accuracy(best["test"], test.y)
+        chosen[(setting, "SGD-FT, wide grid")] = best["scale"]
+        chosen[(setting, "SGD-FT, wide grid, steps")] = best["steps"]
+
     # -- prompt-based
     # -------------------------------------------------------------------
     prompt0, j_te, f0_te = prompt_test
@@ -976,6 +1070,7 @@ def _one_run(mlm, lang, k, seed, config, test, prompt_test, z_test, bow_test):
         prompt0, data, "x_prompt", sgd_configs(j["train"]), seed, dynamics=dynamics
     )
     record_sgd("prompt", cands)
+    record_wide("prompt", prompt0, "x_prompt", cands, j["train"])
     fixed = config.analog_lr_scale
     if fixed is not None:  # the run at c and its own kernel analogs, no validation
         acc[("prompt", "SGD-FT, fixed c")] = analog(cands, fixed)
@@ -1045,6 +1140,7 @@ def _one_run(mlm, lang, k, seed, config, test, prompt_test, z_test, bow_test):
         std0, data, "x_plain", sgd_configs(j["train"]), seed, dynamics=dynamics
     )
     record_sgd("standard", cands)
+    record_wide("standard", std0, "x_plain", cands, j["train"])
     if fixed is not None:
         acc[("standard", "SGD-FT, fixed c")] = analog(cands, fixed)
         acc[("standard", "K-SGD, same steps")] = sign_accuracy(
@@ -1515,6 +1611,32 @@ def lazy_grid(steps: int) -> dict:
     steps = check_int("steps", steps, minimum=1)
     regs = tuple(1 / (c * steps) for c in (0.5, 1, 2, 4, 8))
     return dict(steps=steps, sgd_lr_scales=(0.5, 1.0, 2.0), kernel_regs=regs)
+
+
+def wide_grid(
+    steps: int,
+    scales: tuple[float, ...] = (4.0, 16.0, 64.0),
+    checkpoints: tuple[int, ...] = (30, 100),
+) -> dict:
+    """:func:`lazy_grid` widened for the validated comparison of the paper: SGD-FT
+    also runs at the larger ``scales``, read at each of ``checkpoints`` (step counts),
+    and the kernel's ridges are :math:`1/(ct)` for every fine-tuning candidate's scale
+    and step count, so that both sides search matching ranges (keyword arguments of
+    :class:`KernelExperimentConfig`)."""
+    grid = lazy_grid(steps)
+    for t in checkpoints:
+        check_int("checkpoints", t, minimum=1)
+    for c in scales:
+        check_float("scales", c, minimum=0.0, strict_min=True)
+    pairs = [(c, steps) for c in (0.5, 1, 2, 4, 8)]
+    pairs += [(c, t) for c in scales for t in checkpoints]
+    regs = sorted({1 / (c * t) for c, t in pairs}, reverse=True)
+    return dict(
+        grid,
+        kernel_regs=tuple(regs),
+        wide_scales=tuple(float(c) for c in scales),
+        wide_checkpoints=tuple(int(t) for t in checkpoints),
+    )
 
 
 @dataclass
