@@ -319,13 +319,18 @@ TABLE_METHODS = (
     ("prompt", "K-A-SignGD"),
     ("prompt", "K-SignGD"),
     ("prompt", "LoRA-SGD-FT"),
+    ("prompt", "SGD-FT, wide grid"),
     ("prompt", "SGD-FT, fixed c"),
+    ("prompt", "K-SGD, same steps"),
     ("prompt", "K-SGD, analog ridge"),
     ("prompt", "Adam-FT, fixed lr"),
     ("prompt", "K-A-SignGD, analog ridge"),
     ("standard", "LP"),
     ("standard", "SGD-FT"),
+    ("standard", "SGD-FT, wide grid"),
     ("standard", "K-SGD"),
+    ("standard", "SGD-FT, fixed c"),
+    ("standard", "K-SGD, same steps"),
     ("bag of words", "LR"),
 )
 
