@@ -427,8 +427,9 @@ def fine_tune_logistic(
     \\theta - \\eta\\,\\operatorname{sign}(\\nabla L)`. Raises
     :class:`FineTuneDiverged` at the first step whose loss is not finite, or at the end
     if a parameter is not. ``on_checkpoint(t, model)`` is called (model in eval mode,
-    not to be modified) after each step count ``t`` in ``checkpoints`` whose weights are
-    finite, so that a run that diverges later keeps its earlier checkpoints.
+    not to be modified) after each step count ``t`` in ``checkpoints`` whose weights and
+    loss on the whole training set are finite (a checkpoint that is not raises), so that
+    a run that diverges later keeps its earlier checkpoints.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -478,9 +479,13 @@ def fine_tune_logistic(
                 p.grad = p.grad.sign()
         opt.step()
         if step + 1 in checkpoints:
-            if not finite():
-                raise FineTuneDiverged(config.optimizer, config.lr, step, "a parameter")
             tuned.eval()
+            with torch.no_grad():  # a checkpoint must be finite, and so its loss
+                ok = finite() and bool(torch.isfinite(logistic_loss(tuned(x), y)))
+            if not ok:
+                raise FineTuneDiverged(
+                    config.optimizer, config.lr, step, "a checkpoint"
+                )
             on_checkpoint(step + 1, tuned)
             tuned.train()
     if not finite():
