@@ -26,6 +26,7 @@ REQUIRED_KEYS = [
     "ch3.lp_minus_scratch_ood",
     "ch4.prompt_minus_standard_k_small",
     "ch4.entk_minus_ft_prompt",
+    "ch4.entk_steps_minus_ft_prompt",
     "ch4.lora_kernel_error_slope",
     "ch5.sgd_trace_drop",
     "ch5.encoder_trace_ratio_adv",
