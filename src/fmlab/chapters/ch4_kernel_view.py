@@ -628,11 +628,11 @@ class KernelExperimentConfig:
     ``analog_lr_scale`` (with ``analog_adam_lr`` and ``analog_signgd_reg``), when set,
     also records each run's fine-tuning at that fixed hyperparameter beside its own
     kernel analogs, with no validation choice: SGD at :math:`c` against the eNTK trained
-    by the same ``T = steps`` gradient steps in function space (its exact analog, in
-    both settings) and against the eNTK at ridge :math:`1/(cT)` (a ridge standing in for
-    the stopping time), and Adam at ``analog_adam_lr`` against the asymmetric SignGD
-    kernel at ridge ``analog_signgd_reg``. They must be in the grids,
-    since the recorded numbers are those grid candidates.
+    by the same ``T = steps`` gradient steps in function space (its step-matched analog,
+    in both settings) and against the eNTK at ridge :math:`1/(cT)` (a ridge standing in
+    for the stopping time), and Adam at ``analog_adam_lr`` against the asymmetric SignGD
+    kernel at ridge ``analog_signgd_reg``. They must be in the grids, since the recorded
+    numbers are those grid candidates.
 
     ``wide_scales`` with ``wide_checkpoints`` add the paper's wide search to SGD-FT in
     both settings: runs at each scale :math:`c`, read at each checkpoint (a step
@@ -928,12 +928,18 @@ def _fine_tune_grid(model0, data, x_key, configs, seed, *, dynamics=None):
     return cands
 
 
+def _mean_diag(j_train: torch.Tensor) -> float:
+    """:math:`\\bar K`, the mean of :math:`K(x_i, x_i) = \\lVert g(x_i)\\rVert^2` over
+    the rows of the training Jacobian: SGD's learning rate is :math:`c/\\bar K`."""
+    return float(j_train.pow(2).sum(1).mean())
+
+
 def _wide_grid(model0, data, x_key, lazy, j_train, config, seed) -> tuple[dict, int]:
     """The validated choice among the grid's SGD runs ``lazy`` (candidates of
     :func:`_fine_tune_grid`) and runs at each of ``config.wide_scales`` (learning rate
     :math:`c/\\bar K`, ``j_train`` the training Jacobian), read at each of
     ``config.wide_checkpoints``; also the number of those runs that diverged."""
-    j_scale = float(j_train.pow(2).sum(1).mean())
+    j_scale = _mean_diag(j_train)
     cands = [
         {**c, "scale": c["value"], "steps": config.steps}
         for c in lazy
@@ -975,10 +981,10 @@ def _wide_grid(model0, data, x_key, lazy, j_train, config, seed) -> tuple[dict, 
 
 
 def same_steps_outputs(j, f0, y, scale: float, steps: int) -> torch.Tensor:
-    """Test outputs (float64) of the eNTK's exact analog of the SGD-FT run at scale
-    ``scale``: ``steps`` gradient steps of rate :math:`c/\\bar K` in function space
-    (:func:`~fmlab.theory.kernels.kernel_gradient_descent`). ``j``, ``f0``, ``y``:
-    dicts with keys train/test."""
+    """Test outputs (float64) of the eNTK's step-matched analog of the SGD-FT run at
+    scale ``scale``: ``steps`` gradient steps of rate :math:`c/\\bar K` in function
+    space (:func:`~fmlab.theory.kernels.kernel_gradient_descent`). ``j``, ``f0``,
+    ``y``: dicts with keys train/test."""
     from ..theory.kernels import kernel_gradient_descent, kernels_from_jacobians
 
     k_tr = kernels_from_jacobians(j["train"], j["train"])["sgd"]
@@ -987,7 +993,7 @@ def same_steps_outputs(j, f0, y, scale: float, steps: int) -> torch.Tensor:
         k_tr,
         k_te,
         y["train"],
-        lr=scale / float(j["train"].pow(2).sum(1).mean()),  # as the run's rate
+        lr=scale / _mean_diag(j["train"]),  # the run's rate
         steps=steps,
         f0_train=f0["train"],
         f0_eval=f0["test"],
@@ -1021,7 +1027,7 @@ def _one_run(mlm, lang, k, seed, config, test, prompt_test, z_test, bow_test):
         return sign_accuracy(cand["test"], test.y)
 
     def sgd_configs(j_train):
-        mean_diag = float(j_train.pow(2).sum(1).mean())
+        mean_diag = _mean_diag(j_train)
         return [
             (c, LogisticFineTuneConfig("sgd", c / mean_diag, config.steps))
             for c in config.sgd_lr_scales
@@ -1633,9 +1639,8 @@ def wide_grid(
         check_int("checkpoints", t, minimum=1)
     for c in scales:
         check_float("scales", c, minimum=0.0, strict_min=True)
-    pairs = [(c, steps) for c in (0.5, 1, 2, 4, 8)]
-    pairs += [(c, t) for c in scales for t in checkpoints]
-    regs = sorted({1 / (c * t) for c, t in pairs}, reverse=True)
+    wide = {1 / (c * t) for c in scales for t in checkpoints}
+    regs = sorted(set(grid["kernel_regs"]) | wide, reverse=True)
     return dict(
         grid,
         kernel_regs=tuple(regs),

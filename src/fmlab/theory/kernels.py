@@ -445,6 +445,24 @@ def newton_minimize(
     return x
 
 
+def _training_problem(k_train, y, f0, f0_name: str):
+    """The checked float64 training kernel ``(n, n)``, labels in {-1, +1} and starting
+    outputs (zeros when ``f0`` is None) of a kernel logistic problem."""
+    k = check_tensor("k_train", k_train, ndim=2, floating=True).double()
+    n = k.shape[0]
+    if k.shape[1] != n:
+        raise ValueError(f"k_train must be square, got shape {tuple(k.shape)}")
+    y = check_tensor("y", y, shape=(n,)).double()
+    if not bool(((y == 1) | (y == -1)).all()):
+        raise ValueError("y must hold labels in {-1, +1}")
+    f0 = (
+        torch.zeros(n, dtype=torch.float64)
+        if f0 is None
+        else check_tensor(f0_name, f0, shape=(n,), floating=True).double()
+    )
+    return k, y, f0
+
+
 def fit_kernel_logistic(
     k_train: torch.Tensor,
     y: torch.Tensor,
@@ -485,19 +503,9 @@ def fit_kernel_logistic(
     penalty : Tensor ``(n, n)``, optional
         :math:`S`, symmetric positive semi-definite.
     """
-    k = check_tensor("k_train", k_train, ndim=2, floating=True).double()
+    k, y, f0 = _training_problem(k_train, y, f0, "f0")
     n = k.shape[0]
-    if k.shape[1] != n:
-        raise ValueError(f"k_train must be square, got shape {tuple(k.shape)}")
-    y = check_tensor("y", y, shape=(n,)).double()
-    if not bool(((y == 1) | (y == -1)).all()):
-        raise ValueError("y must hold labels in {-1, +1}")
     reg = check_float("reg", reg, minimum=0.0, strict_min=True)
-    f0 = (
-        torch.zeros(n, dtype=torch.float64)
-        if f0 is None
-        else check_tensor("f0", f0, shape=(n,), floating=True).double()
-    )
     s = (
         k
         if penalty is None
@@ -583,26 +591,16 @@ def kernel_gradient_descent(
     -------
     Tensor ``(m,)``, float64: the outputs on the evaluated inputs after ``steps``.
     """
-    k = check_tensor("k_train", k_train, ndim=2, floating=True).double()
+    k, y, f_tr = _training_problem(k_train, y, f0_train, "f0_train")
     n = k.shape[0]
-    if k.shape[1] != n:
-        raise ValueError(f"k_train must be square, got shape {tuple(k.shape)}")
     k_ev = check_tensor("k_eval", k_eval, ndim=2, floating=True).double()
     if k_ev.shape[1] != n:
         raise ValueError(
             f"k_eval must have {n} columns (one per training input), got shape "
             f"{tuple(k_ev.shape)}"
         )
-    y = check_tensor("y", y, shape=(n,)).double()
-    if not bool(((y == 1) | (y == -1)).all()):
-        raise ValueError("y must hold labels in {-1, +1}")
     lr = check_float("lr", lr, minimum=0.0, strict_min=True)
     steps = check_int("steps", steps, minimum=0)
-    f_tr = (
-        torch.zeros(n, dtype=torch.float64)
-        if f0_train is None
-        else check_tensor("f0_train", f0_train, shape=(n,), floating=True).double()
-    )
     f_ev = (
         torch.zeros(k_ev.shape[0], dtype=torch.float64)
         if f0_eval is None
