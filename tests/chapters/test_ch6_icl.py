@@ -74,6 +74,21 @@ def test_causal_lm_matches_attention_written_out():
         )
 
 
+def test_causal_lm_last_logits_are_the_last_position_of_forward():
+    model = CausalLM(
+        GPTConfig(vocab_size=11, max_len=9, d_model=16, n_layers=3, n_heads=4), seed=5
+    ).eval()
+    for T in (1, 4, 9):
+        tokens = torch.randint(11, (6, T), generator=make_generator(T))
+        with torch.no_grad():
+            last = model.last_logits(tokens)
+            assert last.shape == (6, 11)
+            torch.testing.assert_close(last, model(tokens)[:, -1], atol=1e-5, rtol=0)
+    assert next_token_logits(model, tokens, batch_size=4).shape == (6, 11)
+    with pytest.raises(ValueError, match="at least one position"):
+        model.last_logits(torch.zeros(2, 0, dtype=torch.long))
+
+
 def test_causal_lm_never_looks_ahead():
     model = CausalLM(GPTConfig(vocab_size=7, max_len=8, d_model=8, n_heads=2)).eval()
     x = torch.randint(7, (3, 8), generator=make_generator(2))

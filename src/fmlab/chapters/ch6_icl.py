@@ -19,8 +19,10 @@ evaluation through :mod:`fmlab.chapters.ch6_bayes`).
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -371,11 +373,10 @@ def next_token_logits(
     tokens = check_tensor("tokens", tokens, ndim=2, integer=True)
     batch_size = check_int("batch_size", batch_size, minimum=1)
     model.eval()
+    # a model that can compute the last position alone (CausalLM) does so
+    last = getattr(model, "last_logits", None) or (lambda t: model(t)[:, -1])
     return torch.cat(
-        [
-            model(tokens[i : i + batch_size])[:, -1]
-            for i in range(0, len(tokens), batch_size)
-        ]
+        [last(tokens[i : i + batch_size]) for i in range(0, len(tokens), batch_size)]
     )
 
 
@@ -435,6 +436,26 @@ def _nested_last_logits(model: nn.Module, full: Prompts, ns) -> dict:
             )
             done += 1
         out[n] = model.forward_with_state(test, state)[0][:, -1]
+    return out
+
+
+_BAYES_SEEN: OrderedDict = OrderedDict()  # the last few Bayes predictions computed
+
+
+def _bayes_on_prompts(world: GINC, tokens: torch.Tensor, epsilon: float, prior: str):
+    """:func:`~fmlab.data.ginc.ginc_bayes_predictor` on ``tokens``, remembered for the
+    last 64 calls: every training run of a chapter is evaluated on the same prompts,
+    and the Bayes predictor does not depend on the run. The key holds the world, the
+    smoothing, the prior and the prompt tokens themselves (a hash of their bytes)."""
+    digest = hashlib.blake2b(tokens.numpy().tobytes(), digest_size=16).hexdigest()
+    key = (world.config, float(epsilon), prior, tuple(tokens.shape), digest)
+    if key in _BAYES_SEEN:
+        _BAYES_SEEN.move_to_end(key)
+        return _BAYES_SEEN[key]
+    out = ginc_bayes_predictor(world, tokens, epsilon, concepts=prior)
+    _BAYES_SEEN[key] = out
+    if len(_BAYES_SEEN) > 64:
+        _BAYES_SEEN.popitem(last=False)
     return out
 
 
@@ -583,9 +604,7 @@ def in_context_grid(
         }
         for i, n in enumerate(ns):
             pr = full.with_examples(n)
-            bayes = ginc_bayes_predictor(
-                world, pr.tokens, epsilon, concepts=prior_concepts
-            )
+            bayes = _bayes_on_prompts(world, pr.tokens, epsilon, prior_concepts)
             b = bayes.prediction
             grid.bayes_accuracy[i, j] = (
                 ((b == pr.labels) & ~bayes.impossible).double().mean()

@@ -86,11 +86,20 @@ class _CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.proj = nn.Linear(d_model, d_model)
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, last: bool = False) -> torch.Tensor:
+        """``(B, T, d) -> (B, T, d)``; with ``last=True`` only the last position's
+        query is computed, ``(B, 1, d)`` (keys and values still come from every
+        position)."""
         B, T, d = h.shape
         qkv = self.qkv(h).view(B, T, 3, self.n_heads, d // self.n_heads)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, heads, T, d_head)
+        # each (B, heads, T, d_head): views of one tensor, split before transposing
+        # (its backward then stacks along one axis instead of permuting a copy)
+        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))
         p = self.dropout if self.training else 0.0
+        if last:  # the last query sees every key: no mask
+            q = q[:, :, -1:]
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=p)
+            return self.proj(out.transpose(1, 2).reshape(B, 1, d))
         out = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
         return self.proj(out.transpose(1, 2).reshape(B, T, d))
 
@@ -112,8 +121,10 @@ class _Block(nn.Module):
         self.out = nn.Linear(mlp_ratio * d_model, d_model)
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        h = h + self.drop(self.attn(self.ln1(h)))
+    def forward(self, h: torch.Tensor, last: bool = False) -> torch.Tensor:
+        """``(B, T, d) -> (B, T, d)``, or ``(B, 1, d)`` at the last position only."""
+        a = self.drop(self.attn(self.ln1(h), last))
+        h = (h[:, -1:] if last else h) + a
         return h + self.drop(self.out(F.gelu(self.fc(self.ln2(h)))))
 
 
@@ -171,6 +182,16 @@ class CausalLM(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """Next-token logits ``(B, T, V)``: position ``t`` sees ``tokens[:, : t + 1]``
         only."""
+        return self._logits(tokens, last=False)
+
+    def last_logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The next-token logits after the last position only, ``(B, V)``: the same
+        numbers as ``forward(tokens)[:, -1]`` (up to rounding), for about half the
+        work, since the last block computes its query, its MLP and the decoder at
+        one position."""
+        return self._logits(tokens, last=True)[:, -1]
+
+    def _logits(self, tokens: torch.Tensor, last: bool) -> torch.Tensor:
         check_tensor("tokens", tokens, ndim=2, integer=True)
         T = tokens.shape[1]
         if T > self.config.max_len:
@@ -182,9 +203,12 @@ class CausalLM(nn.Module):
             tokens.min() < 0 or tokens.max() >= self.config.vocab_size
         ):
             raise ValueError(f"tokens must lie in [0, {self.config.vocab_size - 1}]")
+        if last and T == 0:
+            raise ValueError("tokens must hold at least one position")
         h = self.drop(self.tok(tokens) + self.pos.weight[:T])
-        for block in self.blocks:
-            h = block(h)
+        final = len(self.blocks) - 1
+        for i, block in enumerate(self.blocks):
+            h = block(h, last and i == final)
         return self.decoder(self.ln_f(h))
 
     @property
