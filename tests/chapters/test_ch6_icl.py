@@ -450,3 +450,18 @@ def test_pretraining_inside_documents_with_jumps(tmp_path, monkeypatch, tiny):
         replace(cfg, corpus="stream")
     with pytest.raises(ValueError):
         replace(cfg, schedule="step")
+
+
+def test_bayes_on_prompts_is_remembered_only_for_the_same_prompts(tiny):
+    from fmlab.chapters.ch6_icl import _bayes_on_prompts
+
+    pr = tiny.sample_prompts(30, 2, 3, make_generator(8))
+    first = _bayes_on_prompts(tiny, pr.tokens, 0.1, "seen")
+    assert _bayes_on_prompts(tiny, pr.tokens.clone(), 0.1, "seen") is first
+    fresh = ginc_bayes_predictor(tiny, pr.tokens, 0.1, concepts="seen")
+    assert torch.equal(first.prediction, fresh.prediction)
+    other = _bayes_on_prompts(tiny, pr.tokens, 0.2, "seen")
+    assert other is not first
+    changed = pr.tokens.clone()
+    changed[0, 0] = (changed[0, 0] + 1) % tiny.config.vocab_size
+    assert _bayes_on_prompts(tiny, changed, 0.1, "seen") is not first
