@@ -795,9 +795,12 @@ def _claims_outputs(app, doctree, fromdocname):
 
 class RuntimesDirective(SphinxDirective):
     """``{fmlab-runtimes}`` with one line per chapter: ``<file stem>: <budget s>
-    [<budget s with trained models cached>]``."""
+    [<budget s with trained models cached>]``; the options ``book`` and ``page`` are
+    the build's own targets (seconds of wall-clock time for executing every chapter,
+    and for the longest page), compared with the last execution."""
 
     has_content = True
+    option_spec = {"book": float, "page": float}
 
     def run(self):
         budgets = {}
@@ -813,6 +816,9 @@ class RuntimesDirective(SphinxDirective):
         self.env.fmlab_runtimes_docs.add(self.env.docname)
         node = runtimes_placeholder()
         node["budgets"] = budgets
+        node["targets"] = {
+            k: self.options[k] for k in ("book", "page") if k in self.options
+        }
         return [node]
 
 
@@ -898,12 +904,19 @@ def _runtimes(app, node, fromdocname):
         ),
         rows,
     )
-    return [table, _parallel_efficiency(app)]
+    longest = max(measured.items(), key=lambda kv: kv[1], default=None)
+    if longest is not None:
+        docname = by_stem.get(longest[0])
+        longest = (_chapter_label(env, docname) if docname else longest[0], longest[1])
+    return [table, _parallel_efficiency(app, node.get("targets", {}), longest)]
 
 
-def _parallel_efficiency(app) -> nodes.paragraph:
+def _parallel_efficiency(app, targets=None, longest=None) -> nodes.paragraph:
     """One sentence on the last execution of chapters: wall time against the summed
-    chapter time and the cores it used (scripts/execute_chapters.py records it)."""
+    chapter time and the cores it used (scripts/execute_chapters.py records it), and
+    one on the build's ``targets`` (``book``: wall seconds, ``page``: seconds of the
+    ``longest`` page, a (label, seconds) pair)."""
+    targets = targets or {}
     path = Path(app.outdir).parent / ".jupyter_cache" / "fmlab_execution.json"
     try:
         run = json.loads(path.read_text())
@@ -912,13 +925,30 @@ def _parallel_efficiency(app) -> nodes.paragraph:
     except (OSError, ValueError, KeyError, TypeError):
         return nodes.paragraph("", "No execution of the chapters is recorded.")
     efficiency = total / (jobs * wall) if wall > 0 and jobs > 0 else float("nan")
-    return nodes.paragraph(
-        "",
+    text = (
         f"The last execution of chapters for this site ran {n} of them, {jobs} at a "
         f"time: {wall:.0f} s of wall-clock time for {total:.0f} s of chapter time, "
         f"a parallel efficiency of {efficiency:.0%} (chapter time over cores × wall "
-        "time; 100% would keep every core busy until the end).",
+        "time; 100% would keep every core busy until the end)."
     )
+    goals = []
+    if "book" in targets:
+        book = targets["book"]
+        verdict = "within" if wall <= book else "over"
+        goals.append(
+            f"every chapter executed in at most {book:.0f} s of wall-clock time "
+            f"({verdict}: {wall:.0f} s, {wall / book:.1f}× the target)"
+        )
+    if "page" in targets and longest is not None:
+        page = targets["page"]
+        verdict = "within" if longest[1] <= page else "over"
+        goals.append(
+            f"no page longer than {page:.0f} s ({verdict}: the longest, "
+            f"{longest[0]}, took {longest[1]:.0f} s)"
+        )
+    if goals:
+        text += " The build's own targets on two cores: " + "; ".join(goals) + "."
+    return nodes.paragraph("", text)
 
 
 def _resolve_pages(app, doctree, fromdocname):
