@@ -29,6 +29,7 @@ import hashlib
 import json
 import os
 import sys
+import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -69,18 +70,32 @@ def _config() -> dict:
     return {"timeout": int(execute.get("timeout", 900))}
 
 
-def _execute(path: str, timeout: int) -> tuple[str, str | None, str | None, float]:
-    """Run a notebook in a fresh kernel: (notebook JSON, error, traceback, seconds)."""
+def _execute(
+    path: str, timeout: int
+) -> tuple[str, str | None, str | None, float, dict]:
+    """Run a notebook in a fresh kernel: (notebook JSON, error, traceback, seconds,
+    model cache use). The last counts the entries of :func:`fmlab.cached` the chapter
+    computed and loaded (``{"computed": n, "loaded": m}``), read from the log that
+    ``FMLAB_CACHE_LOG`` names."""
     nb = nbformat.read(path, as_version=4)
-    result = single_nb_execution(
-        nb,
-        cwd=str(Path(path).parent),
-        allow_errors=False,
-        timeout=timeout,
-        meta_override=True,
-    )
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "cache.log"
+        log.touch()
+        os.environ["FMLAB_CACHE_LOG"] = str(log)  # the kernel inherits it
+        try:
+            result = single_nb_execution(
+                nb,
+                cwd=str(Path(path).parent),
+                allow_errors=False,
+                timeout=timeout,
+                meta_override=True,
+            )
+        finally:
+            del os.environ["FMLAB_CACHE_LOG"]
+        words = [line.split()[0] for line in log.read_text().splitlines() if line]
+    use = {w: words.count(w) for w in ("computed", "loaded")}
     err = None if result.err is None else type(result.err).__name__
-    return nbformat.writes(nb), err, result.exc_string, result.time
+    return nbformat.writes(nb), err, result.exc_string, result.time, use
 
 
 def _failure_summary(path: Path, text: str) -> str:
@@ -222,7 +237,7 @@ def main(argv=None) -> int:
         futures = {pool.submit(_execute, str(p), timeout): p for p in todo}
         for fut in as_completed(futures):
             path = futures[fut]
-            text, err, tb, seconds = fut.result()
+            text, err, tb, seconds, use = fut.result()
             total += seconds
             if err is not None:
                 failed.append(path)
@@ -240,12 +255,20 @@ def main(argv=None) -> int:
                     data={
                         "execution_seconds": seconds,
                         "fmlab_code": _fingerprint(path),
+                        # what the model cache held: the runtimes page compares a run
+                        # that computed nothing with the budget of a cached run
+                        "cache_computed": use["computed"],
+                        "cache_loaded": use["loaded"],
                     },
                 ),
                 check_validity=False,
                 overwrite=True,
             )
-            print(f"  {path.stem}: {seconds:.1f} s", flush=True)
+            print(
+                f"  {path.stem}: {seconds:.1f} s ({use['computed']} cache entries "
+                f"computed, {use['loaded']} loaded)",
+                flush=True,
+            )
     wall = time.perf_counter() - start
     if total and not failed:
         # the runtimes page reports the parallel efficiency of the last real execution

@@ -827,7 +827,8 @@ class runtimes_placeholder(nodes.General, nodes.Element):
 
 
 def _measured_seconds(app) -> dict:
-    """Chapter file stem -> seconds the cached execution this site shows took."""
+    """Chapter file stem -> (seconds the cached execution this site shows took, the
+    number of model-cache entries it computed or ``None`` when not recorded)."""
     try:
         import nbformat
         from jupyter_cache import get_cache
@@ -846,10 +847,27 @@ def _measured_seconds(app) -> dict:
             record = cache.match_cache_notebook(nbformat.read(source, as_version=4))
         except (KeyError, OSError):
             continue
-        seconds = (record.data or {}).get("execution_seconds")
+        data = record.data or {}
+        seconds = data.get("execution_seconds")
         if seconds is not None:
-            out[source.stem] = float(seconds)
+            out[source.stem] = (float(seconds), data.get("cache_computed"))
     return out
+
+
+def runtime_verdict(seconds: float, budget: list, computed: int | None) -> str:
+    """How a page's execution time compares with its budgets: ``budget`` is [cold] or
+    [cold, with trained models cached]; ``computed`` the model-cache entries the run
+    computed (0: everything came from the cache; ``None``: not recorded)."""
+    cached_run = computed == 0 and len(budget) > 1
+    limit = budget[1] if cached_run else budget[0]
+    kind = "a run with its models cached" if cached_run else "a first run"
+    verdict = "within" if seconds <= limit else "over"
+    text = f"{verdict} the budget of {kind}, {limit:.0f} s"
+    if computed is None:
+        text += " (whether its models were cached was not recorded)"
+    elif computed:
+        text += f" ({computed} cache entries computed)"
+    return text
 
 
 def _runtimes(app, node, fromdocname):
@@ -872,18 +890,12 @@ def _runtimes(app, node, fromdocname):
             )
         else:
             cell += nodes.Text(label)
-        seconds = measured.get(stem)
+        seconds, computed = measured.get(stem, (None, None))
         if seconds is None:
             took, verdict = "not executed by this build", ""
         else:
             took = f"{seconds:.0f} s"
-            verdict = "within" if seconds <= budget[0] else "over"
-            verdict += f" its budget of {budget[0]:.0f} s"
-            if len(budget) > 1 and seconds > budget[1]:
-                verdict += (
-                    f"; longer than the {budget[1]:.0f} s of a run with its models "
-                    "cached"
-                )
+            verdict = runtime_verdict(seconds, budget, computed)
         rows.append(
             [
                 cell,
@@ -904,10 +916,11 @@ def _runtimes(app, node, fromdocname):
         ),
         rows,
     )
-    longest = max(measured.items(), key=lambda kv: kv[1], default=None)
+    longest = max(measured.items(), key=lambda kv: kv[1][0], default=None)
     if longest is not None:
         docname = by_stem.get(longest[0])
-        longest = (_chapter_label(env, docname) if docname else longest[0], longest[1])
+        label = _chapter_label(env, docname) if docname else longest[0]
+        longest = (label, longest[1][0])
     return [table, _parallel_efficiency(app, node.get("targets", {}), longest)]
 
 

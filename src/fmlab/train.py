@@ -274,9 +274,12 @@ def cached(config, build: Callable[[], object], *, name: str):
     path = cache_dir() / f"{name}-{key}.pt"
     if path.exists():
         try:
-            return _decode(torch.load(path, weights_only=True))
+            value = _decode(torch.load(path, weights_only=True))
         except Exception:  # unreadable entry (e.g. written by another torch): rebuild
             path.unlink(missing_ok=True)
+        else:
+            _log_cache("loaded", name)
+            return value
     value = build()
     if not isinstance(value, dict) and not (
         dataclasses.is_dataclass(value) and not isinstance(value, type)
@@ -292,4 +295,15 @@ def cached(config, build: Callable[[], object], *, name: str):
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+    _log_cache("computed", name)
     return value
+
+
+def _log_cache(what: str, name: str) -> None:
+    """Append ``"<what> <name>"`` to the file named by ``FMLAB_CACHE_LOG``, if set: the
+    book's executor reads it to tell a page's first run (something computed) from a run
+    that found everything in the cache."""
+    log = os.environ.get("FMLAB_CACHE_LOG")
+    if log:
+        with open(log, "a") as fh:
+            fh.write(f"{what} {name}\n")

@@ -4,6 +4,7 @@ outside the build) or a change to its entries in the claims registry re-executes
 chapter's pages and no other."""
 
 import importlib.util
+import os
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,3 +52,42 @@ def test_a_registry_entry_changes_only_its_chapters_fingerprint(tmp_path, monkey
     assert old in text
     registry.write_text(text.replace(old, old.replace("claimed", "measured")))
     assert ex._fingerprint(page3) != before3 and ex._fingerprint(page4) == before4
+
+
+def test_execution_counts_what_the_model_cache_computed_and_loaded(
+    tmp_path, monkeypatch
+):
+    # a two-cell notebook asks fmlab.cached for the same entry twice: the first call
+    # computes it, the second loads it; the runtimes page reads these counts
+    import nbformat
+
+    ex = _module()
+    monkeypatch.setenv("FMLAB_CACHE_DIR", str(tmp_path / "cache"))
+    nb = nbformat.v4.new_notebook()
+    code = (
+        "import torch, fmlab\n"
+        'fmlab.cached({"a": 1}, lambda: {"w": torch.ones(2)}, name="t")'
+    )
+    nb.cells = [nbformat.v4.new_code_cell(code), nbformat.v4.new_code_cell(code)]
+    path = tmp_path / "page.ipynb"
+    nbformat.write(nb, str(path))
+    text, err, _, seconds, use = ex._execute(str(path), timeout=120)
+    assert err is None and seconds > 0
+    assert use == {"computed": 1, "loaded": 1}
+    assert "FMLAB_CACHE_LOG" not in os.environ
+
+
+def test_the_runtimes_page_compares_a_cached_run_with_the_cached_budget():
+    spec = importlib.util.spec_from_file_location(
+        "fmlab_sphinx", ROOT / "book" / "_ext" / "fmlab_sphinx.py"
+    )
+    ext = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ext)
+    verdict = ext.runtime_verdict
+    assert verdict(150.0, [180.0, 20.0], 3).startswith("within the budget of a first")
+    assert "3 cache entries computed" in verdict(150.0, [180.0, 20.0], 3)
+    assert verdict(25.0, [180.0, 20.0], 0).startswith(
+        "over the budget of a run with its models cached, 20 s"
+    )
+    assert verdict(25.0, [60.0], 0).startswith("within the budget of a first run")
+    assert "not recorded" in verdict(25.0, [180.0, 20.0], None)

@@ -274,3 +274,15 @@ def test_code_fingerprint_follows_the_code(tmp_path):
     assert code_fingerprint("ch1", root=pkg) != before["ch1"]
     with pytest.raises(ValueError, match="chapter"):
         code_fingerprint("four")
+
+
+def test_cached_logs_what_it_computed_and_loaded(tmp_path, monkeypatch):
+    monkeypatch.setenv("FMLAB_CACHE_DIR", str(tmp_path))
+    log = tmp_path / "use.log"
+    monkeypatch.setenv("FMLAB_CACHE_LOG", str(log))
+    cached(_Cfg(a=3), lambda: {"w": torch.ones(2)}, name="demo")
+    cached(_Cfg(a=3), lambda: {"w": torch.ones(2)}, name="demo")
+    assert log.read_text().splitlines() == ["computed demo", "loaded demo"]
+    monkeypatch.delenv("FMLAB_CACHE_LOG")
+    cached(_Cfg(a=3), lambda: {"w": torch.ones(2)}, name="demo")  # no log: no line
+    assert len(log.read_text().splitlines()) == 2
