@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import sys
 import tempfile
@@ -182,6 +183,28 @@ def _expected_seconds(cache, path: Path) -> float:
     return 1000.0 + COLD_SECONDS.get(page, COLD_SECONDS.get(path.name[:2], 1000.0))
 
 
+def machine_gflops(seconds: float = 1.0) -> float:
+    """This machine's speed now: GFLOP/s of a 1024 x 1024 single-precision matrix
+    product on one thread, the best of repeats over about ``seconds``. The runtimes page
+    prints it beside the chapters' times, which on a shared machine vary with it."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        g = torch.Generator().manual_seed(0)
+        a, b = (torch.randn(1024, 1024, generator=g) for _ in range(2))
+        a @ b  # warm-up
+        best, end = math.inf, time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            t = time.perf_counter()
+            a @ b
+            best = min(best, time.perf_counter() - t)
+    finally:
+        torch.set_num_threads(threads)
+    return 2 * 1024**3 / best / 1e9
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
@@ -231,6 +254,7 @@ def main(argv=None) -> int:
         "longest first: " + ", ".join(p.stem for p in todo),
         flush=True,
     )
+    speed_before = machine_gflops()
     start = time.perf_counter()
     failed, total = [], 0.0
     with ProcessPoolExecutor(max_workers=min(args.jobs, len(todo))) as pool:
@@ -270,6 +294,8 @@ def main(argv=None) -> int:
                 flush=True,
             )
     wall = time.perf_counter() - start
+    speed = [round(speed_before, 1), round(machine_gflops(), 1)]
+    print(f"execute_chapters: this machine's speed before and after: {speed} GFLOP/s")
     if total and not failed:
         # the runtimes page reports the parallel efficiency of the last real execution
         (args.cache / "fmlab_execution.json").write_text(
@@ -279,6 +305,7 @@ def main(argv=None) -> int:
                     "chapter_seconds": round(total, 1),
                     "jobs": min(args.jobs, len(todo)),
                     "chapters": [p.stem for p in todo],
+                    "gflops": speed,
                 }
             )
         )

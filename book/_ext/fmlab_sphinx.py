@@ -961,6 +961,14 @@ def _parallel_efficiency(app, targets=None, longest=None) -> nodes.paragraph:
         )
     if goals:
         text += " The build's own targets on two cores: " + "; ".join(goals) + "."
+    speed = run.get("gflops")
+    if speed:
+        text += (
+            " The machine's speed during that execution, a 1024 × 1024 matrix product "
+            f"on one thread: {speed[0]:.0f} GFLOP/s before the chapters and "
+            f"{speed[-1]:.0f} after (on a shared machine it varies, and the times with "
+            "it)."
+        )
     return nodes.paragraph("", text)
 
 

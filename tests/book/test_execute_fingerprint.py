@@ -91,3 +91,8 @@ def test_the_runtimes_page_compares_a_cached_run_with_the_cached_budget():
     )
     assert verdict(25.0, [60.0], 0).startswith("within the budget of a first run")
     assert "not recorded" in verdict(25.0, [180.0, 20.0], None)
+
+
+def test_the_machine_speed_is_a_plausible_number():
+    gflops = _module().machine_gflops(seconds=0.2)
+    assert 0.1 < gflops < 10_000
