@@ -186,7 +186,9 @@ def _expected_seconds(cache, path: Path) -> float:
 def machine_gflops(seconds: float = 1.0) -> float:
     """This machine's speed now: GFLOP/s of a 1024 x 1024 single-precision matrix
     product on one thread, the best of repeats over about ``seconds``. The runtimes page
-    prints it beside the chapters' times, which on a shared machine vary with it."""
+    prints it beside the chapters' times. Measured before and after the chapters, on an
+    idle core, it misses contention between the two running chapters: in one build it
+    read 91 GFLOP/s against 98 in another while the pages took 27% longer."""
     import torch
 
     threads = torch.get_num_threads()

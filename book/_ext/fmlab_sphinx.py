@@ -964,10 +964,10 @@ def _parallel_efficiency(app, targets=None, longest=None) -> nodes.paragraph:
     speed = run.get("gflops")
     if speed:
         text += (
-            " The machine's speed during that execution, a 1024 × 1024 matrix product "
-            f"on one thread: {speed[0]:.0f} GFLOP/s before the chapters and "
-            f"{speed[-1]:.0f} after (on a shared machine it varies, and the times with "
-            "it)."
+            " The machine's speed, a 1024 × 1024 matrix product on one otherwise idle "
+            f"core: {speed[0]:.0f} GFLOP/s before the chapters and {speed[-1]:.0f} "
+            "after. It does not see what slows a core while both run chapters, so on "
+            "a shared machine the times vary more than it does."
         )
     return nodes.paragraph("", text)
 
