@@ -921,14 +921,14 @@ def _runtimes(app, node, fromdocname):
         docname = by_stem.get(longest[0])
         label = _chapter_label(env, docname) if docname else longest[0]
         longest = (label, longest[1][0])
-    return [table, _parallel_efficiency(app, node.get("targets", {}), longest)]
+    return [table, _execution_summary(app, node.get("targets", {}), longest)]
 
 
-def _parallel_efficiency(app, targets=None, longest=None) -> nodes.paragraph:
-    """One sentence on the last execution of chapters: wall time against the summed
-    chapter time and the cores it used (scripts/execute_chapters.py records it), and
-    one on the build's ``targets`` (``book``: wall seconds, ``page``: seconds of the
-    ``longest`` page, a (label, seconds) pair)."""
+def _execution_summary(app, targets=None, longest=None) -> nodes.paragraph:
+    """A paragraph on the last execution of chapters (scripts/execute_chapters.py
+    records it): wall time against the summed chapter time and the cores it used, the
+    build's ``targets`` (``book``: wall seconds, ``page``: seconds of the
+    ``longest`` page, a (label, seconds) pair) and the machine's speed."""
     targets = targets or {}
     path = Path(app.outdir).parent / ".jupyter_cache" / "fmlab_execution.json"
     try:

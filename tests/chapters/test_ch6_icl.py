@@ -465,3 +465,20 @@ def test_bayes_on_prompts_is_remembered_only_for_the_same_prompts(tiny):
     changed = pr.tokens.clone()
     changed[0, 0] = (changed[0, 0] + 1) % tiny.config.vocab_size
     assert _bayes_on_prompts(tiny, changed, 0.1, "seen") is not first
+
+
+def test_bayes_on_prompts_never_serves_another_seed_offsets_world(monkeypatch):
+    # the same config draws other HMMs at another offset: the same tokens must not hit
+    from fmlab.chapters.ch6_icl import _bayes_on_prompts
+
+    world = GINC(ginc_preset("tiny"))
+    tokens = world.sample_prompts(20, 2, 3, make_generator(9)).tokens
+    first = _bayes_on_prompts(world, tokens, 0.1, "seen")
+    monkeypatch.setenv("FMLAB_SEED_OFFSET", "5")
+    other = GINC(ginc_preset("tiny"))
+    again = _bayes_on_prompts(other, tokens, 0.1, "seen")
+    assert again is not first
+    fresh = ginc_bayes_predictor(other, tokens, 0.1, concepts="seen")
+    torch.testing.assert_close(
+        again.posterior, fresh.posterior, rtol=0, atol=0, equal_nan=True
+    )

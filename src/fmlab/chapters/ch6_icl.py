@@ -43,7 +43,7 @@ from ..data.ginc import (
 )
 from ..models.gpt import CausalLM, GPTConfig
 from ..models.lstm import LSTMLanguageModel
-from ..repro import make_generator, seed_everything
+from ..repro import make_generator, seed_everything, seed_offset
 from ..theory.bayes_icl import (
     prefix_log_likelihoods,
     smooth_transitions,
@@ -445,10 +445,12 @@ _BAYES_SEEN: OrderedDict = OrderedDict()  # the last few Bayes predictions compu
 def _bayes_on_prompts(world: GINC, tokens: torch.Tensor, epsilon: float, prior: str):
     """:func:`~fmlab.data.ginc.ginc_bayes_predictor` on ``tokens``, remembered for the
     last 64 calls: every training run of a chapter is evaluated on the same prompts,
-    and the Bayes predictor does not depend on the run. The key holds the world, the
-    smoothing, the prior and the prompt tokens themselves (a hash of their bytes)."""
+    and the Bayes predictor does not depend on the run. The key holds the world (its
+    config and the seed offset, which together draw its HMMs), the smoothing, the prior
+    and the prompt tokens themselves (a hash of their bytes)."""
     digest = hashlib.blake2b(tokens.numpy().tobytes(), digest_size=16).hexdigest()
-    key = (world.config, float(epsilon), prior, tuple(tokens.shape), digest)
+    world_key = (world.config, seed_offset())
+    key = (world_key, float(epsilon), prior, tuple(tokens.shape), digest)
     if key in _BAYES_SEEN:
         _BAYES_SEEN.move_to_end(key)
         return _BAYES_SEEN[key]
