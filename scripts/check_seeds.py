@@ -13,6 +13,11 @@ claim failed or any chapter stopped on an error. It is not part of ``make test``
 takes about as long as building the book once per offset); run it as ``make seeds``
 before resolving any change to a claim.
 
+``--store book/robustness.json`` also merges every keyed claim's verdict, value and
+strength at each offset into that file (with the commit and date of the run), which the
+book's reproduction notes read: a later run replaces the same key at the same offset and
+keeps the rest.
+
 Claims are matched across offsets by their key, or by their statement where they have
 none; a statement must therefore not contain run-dependent numbers.
 """
@@ -172,6 +177,56 @@ def _worst_table(rows: dict, order: list, offsets: list[int]) -> str:
     return "\n".join(lines)
 
 
+def _commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        return out.stdout.strip() + ("+changes" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def store(results: list[dict], path: Path) -> dict:
+    """Merge the keyed verdicts of ``results`` into the robustness file at ``path``:
+    ``{"keys": {key: {"offsets": {offset: {verified, claimed, value, strength,
+    commit, date}}}}}``. A later run replaces a key at the same offset."""
+    data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    keys = data.setdefault("keys", {})
+    stamp = {"commit": _commit(), "date": time.strftime("%Y-%m-%d")}
+    for res in results:
+        if res["errors"]:
+            continue
+        for c in res["claims"]:
+            if not c.get("key"):
+                continue
+            entry = keys.setdefault(c["key"], {"offsets": {}})
+            entry["offsets"][str(res["offset"])] = {
+                "verified": bool(c["verified"]),
+                "claimed": bool(c.get("claimed", True)),
+                "value": c.get("value"),
+                "strength": c.get("strength"),
+                **stamp,
+            }
+    for entry in keys.values():
+        entry["offsets"] = dict(
+            sorted(entry["offsets"].items(), key=lambda i: int(i[0]))
+        )
+    data["keys"] = dict(sorted(keys.items()))
+    path.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+    return data
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--offsets", type=int, nargs="+", default=[1, 2, 3, 4])
@@ -184,6 +239,13 @@ def main(argv=None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="chapters executed at once")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per cell")
     parser.add_argument("--out", type=Path, default=ROOT / "_build" / "seed_check.json")
+    parser.add_argument(
+        "--store",
+        type=Path,
+        default=None,
+        help="merge the keyed verdicts into this file (the book reads "
+        "book/robustness.json)",
+    )
     args = parser.parse_args(argv)
 
     notebooks = sorted(NOTEBOOKS.glob("*.ipynb"))
@@ -228,6 +290,9 @@ def main(argv=None) -> int:
             print(f"\nERROR in {r['chapter']} at offset {r['offset']}: {e}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n")
+    if args.store is not None:
+        store(results, args.store)
+        print(f"keyed verdicts merged into {args.store}")
     print(
         f"\n{'every claim held' if ok else 'SOME CLAIMS FAILED'}; details in {args.out}"
     )

@@ -24,6 +24,14 @@
   "(3.4)", linked to it, in the chapter's claim lines and in the claims index.
 - **The closing claims table** of each chapter (``fmlab.claims_table()``) is folded
   into a ``<details>`` element: the green lines above it already show each claim.
+- **Verdict marks link to the claims page.** A chapter's verdict line (its mark and
+  number, ``fmlab.claim``'s one-line output beside the result) links to the claim's row
+  on the claims page, where the full evidence stands.
+- **Reproduction notes.** ``{fmlab-repro-notes} N`` renders Chapter N's rows of the
+  reproduction ledger (from the registry and this build's values) and, for each of its
+  keys, the values that the stored robustness run (``book/robustness.json``, written by
+  ``scripts/check_seeds.py --store``) measured at every seed offset. The section
+  "Reproduction notes" of a chapter is folded into a ``<details>`` element.
 - **Runtimes.** ``{fmlab-runtimes}`` shows each chapter's budget beside the time this
   build took to execute it (from the execution cache).
 - **Duplicate scripts.** sphinx-thebe registers its inline configuration
@@ -182,6 +190,129 @@ def _ledger(app, fromdocname):
     return [section]
 
 
+class repro_notes_placeholder(nodes.General, nodes.Element):
+    """Replaced by a chapter's ledger rows and robustness values."""
+
+
+class ReproNotesDirective(SphinxDirective):
+    """``{fmlab-repro-notes} N``: Chapter N's rows of the reproduction ledger."""
+
+    required_arguments = 1
+    has_content = False
+
+    def run(self):
+        try:
+            chapter = int(self.arguments[0])
+        except ValueError:
+            raise self.error(
+                f"fmlab-repro-notes takes a chapter number, got {self.arguments[0]!r}"
+            ) from None
+        return [repro_notes_placeholder(chapter=chapter)]
+
+
+def _robustness(app) -> dict:
+    """The stored robustness run (``book/robustness.json``), or an empty record."""
+    path = Path(app.srcdir) / "book" / "robustness.json"
+    if not path.is_file():
+        return {}
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _robustness_text(entry: dict | None) -> str:
+    """A key's verdicts at the stored offsets: "✔ at 5 of 5 offsets (0-4), weakest
+    1.9× at 3; values +0.08 to +0.12"."""
+    if not entry:
+        return "no stored run at other seed offsets yet"
+    by = entry.get("offsets", {})
+    offsets = sorted(by, key=int)
+    held = [k for k in offsets if by[k].get("verified")]
+    claimed = all(by[k].get("claimed", True) for k in offsets)
+    text = f"{'holds' if claimed else 'would hold'} at {len(held)} of {len(offsets)} "
+    text += f"offsets ({', '.join(offsets)})"
+    strengths = {
+        k: by[k]["strength"] for k in offsets if by[k].get("strength") is not None
+    }
+    if strengths:
+        worst = min(strengths, key=strengths.get)
+        text += (
+            f"; weakest {strengths[worst]:.2f}× the rule's 3 s.e., at offset {worst}"
+        )
+    values = [by[k]["value"] for k in offsets if isinstance(by[k].get("value"), float)]
+    if values:
+        text += f"; values {min(values):.4g} to {max(values):.4g}"
+    return text
+
+
+def _repro_notes(app, node, fromdocname):
+    chapter = node["chapter"]
+    reg = _registry(app)
+    by_key = _records_by_key(app.env)
+    stored = _robustness(app).get("keys", {})
+    rows = [
+        r for r in ledger_rows(reg, by_key) if r["phenomenon"]["chapter"] == chapter
+    ]
+    if not rows:
+        return [
+            nodes.paragraph(text=f"The ledger has no phenomenon of Chapter {chapter}.")
+        ]
+    out = []
+    for row in rows:
+        ph = row["phenomenon"]
+        item = nodes.paragraph()
+        item += nodes.strong(text=ph["title"])
+        item += nodes.Text(f" (paper: {ph.get('paper', '')}): ")
+        item += nodes.emphasis(text=row["status"])
+        why = ph.get("caveat")
+        if why:
+            item += nodes.Text(". " + why)
+        out.append(item)
+        bullets = nodes.bullet_list()
+        for k in row["keys"]:
+            found = by_key.get(k)
+            para = nodes.paragraph()
+            para += nodes.literal(text=k)
+            para += nodes.Text(" — this build: ")
+            para += nodes.Text(_key_line(k, reg["keys"][k], found).split(" = ")[-1])
+            para += nodes.Text("; " + _robustness_text(stored.get(k)) + ".")
+            bullets += nodes.list_item("", para)
+        if row["keys"]:
+            out.append(bullets)
+    claims_doc = sorted(getattr(app.env, "fmlab_claims_index_docs", set()))
+    if claims_doc:
+        uri = app.builder.get_relative_uri(fromdocname, claims_doc[0])
+        link = nodes.paragraph()
+        link += nodes.Text("Every claim of the page with its full evidence: ")
+        link += nodes.reference("", "the claims page", internal=True, refuri=uri)
+        link += nodes.Text(".")
+        out.append(link)
+    return out
+
+
+_FOLDED = "Reproduction notes"
+
+
+def _fold_repro_notes(doctree):
+    """Fold the content of each section titled "Reproduction notes" into a
+    ``<details>`` element (its title stays visible)."""
+    for section in list(doctree.findall(nodes.section)):
+        if not section.children or not isinstance(section[0], nodes.title):
+            continue
+        if section[0].astext().strip() != _FOLDED:
+            continue
+        section["classes"].append("fmlab-repro-notes")
+        section.insert(
+            1,
+            nodes.raw(
+                "",
+                '<details class="fmlab-repro"><summary>Show the reproduction notes: '
+                "departures from the paper, each phenomenon at other seeds, every "
+                "claim of the page</summary>",
+                format="html",
+            ),
+        )
+        section.append(nodes.raw("", "</details>", format="html"))
+
+
 class ClaimsIndexDirective(SphinxDirective):
     has_content = False
 
@@ -338,8 +469,15 @@ def _headlines(app, fromdocname):
     return [section]
 
 
+def _row_id(docname: str, anchor: str) -> str:
+    """The id of a claim's row on the claims page (a verdict line links to it)."""
+    return f"row-{nodes.make_id(docname)}-{anchor}"
+
+
 def _resolve(app, doctree, fromdocname):
     env = app.env
+    for placeholder in list(doctree.findall(repro_notes_placeholder)):
+        placeholder.replace_self(_repro_notes(app, placeholder, fromdocname))
     for placeholder in list(doctree.findall(ledger_placeholder)):
         placeholder.replace_self(_ledger(app, fromdocname))
     for placeholder in list(doctree.findall(claims_index_placeholder)):
@@ -378,7 +516,11 @@ def _resolve(app, doctree, fromdocname):
                 )
                 kind = r["kind"] if r.get("claimed", True) else "measured"
                 rows.append([mark, kind, para, r["evidence"]])
-            section += _table((6, 12, 50, 32), ("", "kind", "claim", "evidence"), rows)
+            table = _table((6, 12, 50, 32), ("", "kind", "claim", "evidence"), rows)
+            body = next(table.findall(nodes.tbody))
+            for row, r in zip(body.children, records):
+                row["ids"].append(_row_id(docname, r["anchor"]))
+            section += table
             content.append(section)
         if len(content) <= 1 and not _chapters(env):
             content = [nodes.paragraph(text="No chapter has been executed yet.")]
@@ -765,6 +907,23 @@ def numbered_text(app, text: str) -> str:
     )
 
 
+_VERDICT_HREF = re.compile(r'class="fmlab-verdict" href="#([^"]+)"')
+
+
+def _link_verdicts(app, text: str, fromdocname: str) -> str:
+    """Point each verdict mark at its claim's row on the claims page."""
+    docs = sorted(getattr(app.env, "fmlab_claims_index_docs", set()))
+    if not docs:
+        return text
+    uri = app.builder.get_relative_uri(fromdocname, docs[0])
+    return _VERDICT_HREF.sub(
+        lambda m: (
+            f'class="fmlab-verdict" href="{uri}#{_row_id(fromdocname, m.group(1))}"'
+        ),
+        text,
+    )
+
+
 def _claims_outputs(app, doctree, fromdocname):
     """In a chapter's raw HTML outputs: label ids in claim lines become numbers, and
     the closing claims table is folded."""
@@ -775,6 +934,7 @@ def _claims_outputs(app, doctree, fromdocname):
         changed = text
         if "fmlab-claim" in text:
             changed = _numbered_html(app, fromdocname, text)
+            changed = _link_verdicts(app, changed, fromdocname)
         if changed.lstrip().startswith('<table class="fmlab-claims">'):
             n = changed.count("<tr>") - 1
             m = changed.count("<td>○</td>")  # measured, not claimed
@@ -980,6 +1140,7 @@ def _resolve_pages(app, doctree, fromdocname):
     if _is_chapter(app.env, fromdocname):
         _claims_outputs(app, doctree, fromdocname)
         _run_this_chapter(app, doctree, fromdocname)
+    _fold_repro_notes(doctree)
 
 
 def _single_page_handlers(app):
@@ -1006,6 +1167,8 @@ def setup(app):
     app.add_directive("fmlab-claims-index", ClaimsIndexDirective)
     app.add_node(ledger_placeholder)
     app.add_directive("fmlab-ledger", LedgerDirective)
+    app.add_node(repro_notes_placeholder)
+    app.add_directive("fmlab-repro-notes", ReproNotesDirective)
     app.connect("env-check-consistency", _check_registry)
     app.connect("doctree-read", _collect)
     app.connect("env-purge-doc", _purge)

@@ -146,6 +146,7 @@ class ClaimRecord:
     anchor: str = ""
     claimed: bool = True
     strength: float | None = None
+    headline: str = ""
 
     def as_dict(self) -> dict:
         return {
@@ -157,6 +158,7 @@ class ClaimRecord:
             "evidence": self.evidence,
             "value": self.value,
             "strength": self.strength,
+            "headline": self.headline,
             "anchor": self.anchor,
         }
 
@@ -258,30 +260,43 @@ class _Verdict:
         tail = f" ({r.evidence})" if r.evidence else ""
         return f"{mark} {self._label()}{key}: {r.statement}{tail}"
 
-    def _repr_html_(self) -> str:
+    def headline(self) -> str:
+        """The verdict's number in a few words: a finding's mean ± s.e. and how many
+        standard errors it lies from its null (or its equivalence margin); a check's
+        value, or its evidence when that is short."""
         r = self.record
-        if not r.claimed:
-            colour, bg, mark = "#455a64", "#eceff1", "○"
-        elif r.verified:
-            colour, bg, mark = "#2e7d32", "#edf7ee", "✔"
-        else:
-            colour, bg, mark = "#b71c1c", "#fdecea", "✘"
-        ev = (
-            f' <span class="fmlab-evidence">({html.escape(r.evidence)})</span>'
-            if r.evidence
-            else ""
+        return (
+            r.headline
+            or _short(r.evidence)
+            or (r.kind + "ed" if r.kind == "check" else "")
         )
-        key = f' <code class="fmlab-key">{html.escape(r.key)}</code>' if r.key else ""
+
+    def _repr_html_(self) -> str:
+        """One line beside the result: the mark and its number, linking to the
+        claim's row on the claims page (the book's Sphinx extension points the link
+        there), then the statement; the full evidence is the line's tooltip and on
+        the claims page."""
+        r = self.record
+        state = "measured" if not r.claimed else "ok" if r.verified else "failed"
+        colour = {"measured": "#546e7a", "ok": "#2e7d32", "failed": "#b71c1c"}[state]
+        title = f"{self._label()}: {r.evidence}" if r.evidence else self._label()
+        number = html.escape(self.headline())
         data = html.escape(json.dumps(r.as_dict(), ensure_ascii=False), quote=True)
         return (
-            f'<div class="fmlab-claim fmlab-{r.kind}'
+            f'<div class="fmlab-claim fmlab-{r.kind} fmlab-{state}'
             f'{"" if r.claimed else " fmlab-measured"}" id="{r.anchor}" '
-            f'data-fmlab-claim="{data}" '
-            f'style="border-left:4px solid {colour};background:{bg};'
-            'padding:4px 10px;margin:4px 0;font-family:sans-serif">'
-            f'<b style="color:{colour}">{mark} {self._label()}</b>{key}: '
-            f"{html.escape(r.statement)}{ev}</div>"
+            f'data-fmlab-claim="{data}">'
+            f'<a class="fmlab-verdict" href="#{r.anchor}" '
+            f'title="{html.escape(title, quote=True)}" style="color:{colour};'
+            f'font-weight:600;text-decoration:none">{self._mark()}'
+            f"{' ' + number if number else ''}</a> "
+            f'<span class="fmlab-statement">{html.escape(r.statement)}</span></div>'
         )
+
+
+def _short(evidence: str, limit: int = 60) -> str:
+    """A check's evidence as its headline when it is short enough for one line."""
+    return evidence if len(evidence) <= limit else ""
 
 
 def _show(obj) -> None:
@@ -347,7 +362,17 @@ def claim(
         entry = _entry(key, "check")
         if entry["status"] != "claimed":
             raise ValueError(f"claims registry: the check {key} must be claimed")
-    _record(statement, _as_bool("condition", condition), evidence, "check", key, value)
+    value = _check_value(value)
+    headline = f"{value:.4g}" if isinstance(value, float) else ""
+    _record(
+        statement,
+        _as_bool("condition", condition),
+        evidence,
+        "check",
+        key,
+        value,
+        headline=headline,
+    )
 
 
 def _entry(key, kind: str) -> dict:
@@ -379,6 +404,7 @@ def _record(
     *,
     claimed: bool = True,
     strength: float | None = None,
+    headline: str = "",
 ) -> None:
     if not isinstance(statement, str) or not statement.strip():
         raise TypeError("statement must be a non-empty string")
@@ -396,6 +422,7 @@ def _record(
         anchor=_anchor(key, _COUNTER[0]),
         claimed=claimed,
         strength=strength,
+        headline=headline,
     )
     log = os.environ.get("FMLAB_CLAIMS_LOG")
     if log:
@@ -598,6 +625,12 @@ def finding(
         if every_seed:
             rule += ", every seed " + direction + f" {null:g}"
     rule += f" (mean clears it by {strength:.2f}× the 3 s.e.)"
+    headline = f"{fmt.format(effect.mean)}{unit} ± {fmt.format(effect.se).lstrip('+')}"
+    if margin is not None:
+        headline += f", within ±{m}"
+    elif effect.se > 0:
+        z = abs(effect.mean - null) / effect.se
+        headline += f", {z:.1f} s.e. from {null:g}"
     evidence = (
         (context + "; " if context else "") + effect.describe(fmt, unit) + f"; {rule}"
     )
@@ -610,6 +643,7 @@ def finding(
         effect.mean,
         claimed=claimed,
         strength=float(strength) if math.isfinite(strength) else None,
+        headline=headline,
     )
     return effect
 

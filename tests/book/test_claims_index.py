@@ -100,3 +100,38 @@ def test_index_page_links_every_claim(claims):
         assert f"#{target}" in page, f"claims index lacks a link to {row['link']}"
         chapter = (ROOT / "_build" / "html" / row["link"].split("#")[0]).read_text()
         assert f'id="{target}"' in chapter, f"no anchor {target} in {row['link']}"
+
+
+def test_every_verdict_mark_links_to_its_row_on_the_claims_page(claims):
+    """A verdict line beside a result links to the claim's row on the claims page,
+    where the full evidence stands."""
+    import re
+
+    html_dir = ROOT / "_build" / "html"
+    index = (html_dir / "book" / "claims.html").read_text()
+    rows = set(re.findall(r'<tr[^>]* id="(row-[^"]+)"', index))
+    for document in sorted({r["document"] for r in claims}):
+        page = (html_dir / f"{document}.html").read_text()
+        links = re.findall(r'class="fmlab-verdict" href="([^"]+)"', page)
+        assert links, f"{document}: no verdict marks"
+        for link in links:
+            path, _, target = link.partition("#")
+            assert path.endswith("book/claims.html"), f"{document}: {link}"
+            assert target in rows, f"{document}: no row {target} on the claims page"
+
+
+def test_chapter_pages_fold_their_reproduction_notes():
+    """Every chapter that reads as a lesson ends with its reproduction notes, folded,
+    with the chapter's ledger rows."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_lesson import NOT_YET_LESSONS
+
+    for name in CHAPTERS:
+        if name in NOT_YET_LESSONS:
+            continue
+        page = (ROOT / "_build" / "html" / "notebooks" / f"{name}.html").read_text()
+        assert '<details class="fmlab-repro">' in page, f"{name}: notes not folded"
+        notes = page[page.index('<details class="fmlab-repro">') :]
+        assert "this build:" in notes, f"{name}: no ledger rows in the notes"
