@@ -125,7 +125,7 @@ def _key_line(key, entry, found):
         mark = "✔" if r["verified"] else "✘"
     else:
         mark = "○"
-    return f"{mark} {key} = {_value_text(r.get('value'))}"
+    return f"{mark} {key} = {_value_text(r.get('value'), entry.get('unit', ''))}"
 
 
 def _ledger(app, fromdocname):
@@ -422,12 +422,15 @@ def _table(widths, header, rows, classes=("fmlab-claims-index",)):
     return table
 
 
-def _value_text(value) -> str:
+def _value_text(value, unit: str = "") -> str:
+    """A key's value as the ledger prints it, with its registered unit."""
     if value is None:
         return ""
     if isinstance(value, dict):
-        return ", ".join(f"{k}: {v:.4g}" for k, v in value.items())
-    return f"{value:.4g}"
+        text = ", ".join(f"{k}: {v:.4g}" for k, v in value.items())
+    else:
+        text = f"{value:.4g}"
+    return f"{text} ({unit})" if unit else text
 
 
 def _headlines(app, fromdocname):
@@ -453,8 +456,8 @@ def _headlines(app, fromdocname):
                     nodes.paragraph("", "", nodes.literal(text=r["key"])),
                     r["kind"] if r.get("claimed", True) else "measured",
                     link,
-                    _value_text(r.get("value"))
-                    + (f" ({quantity})" if quantity else ""),
+                    _value_text(r.get("value"), keys.get(r["key"], {}).get("unit", ""))
+                    + (f"; {quantity}" if quantity else ""),
                 ]
             )
     if not rows:
@@ -575,6 +578,13 @@ def _write_json(app, exception):
     out.write_text(
         json.dumps(rows, indent=1, ensure_ascii=False) + "\n", encoding="utf-8"
     )
+
+
+def _one_tab_title(app, pagename, templatename, context, doctree):
+    """The landing page's title is the book's title: the browser tab shows it once
+    (Sphinx would append " — <book title>" to it)."""
+    if pagename == app.config.root_doc:
+        context["titlesuffix"] = ""
 
 
 def _dedupe_scripts(app, pagename, templatename, context, doctree):
@@ -822,6 +832,66 @@ def _publish(app, exception):
     claims = build / "claims.json"
     if claims.is_file():
         shutil.copy2(claims, out / "claims.json")
+
+
+# ---------------------------------------------------------------------------------
+# Slider frames as image files: a page's HTML carries its widgets' state, and each
+# frame of a slider figure is an ipywidgets Image whose PNG would sit in that state as
+# base64. Each is written to _images/frames/ instead and the Image shows it by URL
+# (ipywidgets' format "url"), so the page's HTML stays small and the frames load after
+# the text, from files the browser caches.
+
+_WIDGET_STATE = re.compile(
+    r'(<script type="application/vnd\.jupyter\.widget-state\+json">)(.*?)(</script>)',
+    re.S,
+)
+
+
+def frames_to_files(page: Path, images: Path) -> int:
+    """Move the PNG frames of the widget state in ``page`` (an HTML file) to files in
+    ``images`` (named by content); returns how many were moved."""
+    import base64
+    import hashlib
+    import os
+
+    text = page.read_text(encoding="utf-8")
+    moved = 0
+
+    def swap(match):
+        nonlocal moved
+        state = json.loads(match.group(2))
+        for model in state.get("state", {}).values():
+            if model.get("model_name") != "ImageModel":
+                continue
+            fmt = model.get("state", {}).get("format", "png")
+            for buf in model.get("buffers", []):
+                if buf.get("path") != ["value"] or fmt == "url":
+                    continue
+                data = base64.b64decode(buf["data"])
+                name = hashlib.sha1(data).hexdigest()[:20] + "." + fmt
+                images.mkdir(parents=True, exist_ok=True)
+                (images / name).write_bytes(data)
+                url = os.path.relpath(images / name, page.parent).replace(os.sep, "/")
+                buf["data"] = base64.b64encode(url.encode()).decode("ascii")
+                buf["encoding"] = "base64"
+                model["state"]["format"] = "url"
+                moved += 1
+        body = json.dumps(state, separators=(",", ":")).replace("</", "<\\/")
+        return match.group(1) + body + match.group(3)
+
+    new = _WIDGET_STATE.sub(swap, text)
+    if moved:
+        page.write_text(new, encoding="utf-8")
+    return moved
+
+
+def _frames_to_files(app, exception):
+    if exception is not None or app.builder.format != "html":
+        return
+    out = Path(app.outdir)
+    for page in out.rglob("*.html"):
+        if "widget-state+json" in page.read_text(encoding="utf-8", errors="ignore"):
+            frames_to_files(page, out / "_images" / "frames")
 
 
 # ---------------------------------------------------------------------------------
@@ -1162,6 +1232,8 @@ def _single_page_handlers(app):
 
 def setup(app):
     app.connect("config-inited", _buttons_only_with_a_repository)
+    # a tap on a figure opens it at full size (assets/fmlab-figures.js)
+    app.add_js_file("fmlab-figures.js", loading_method="defer")
     app.connect("builder-inited", _single_page_handlers)
     app.add_node(claims_index_placeholder)
     app.add_directive("fmlab-claims-index", ClaimsIndexDirective)
@@ -1178,10 +1250,12 @@ def setup(app):
     app.connect("build-finished", _write_json)
     app.connect("html-page-context", _dedupe_scripts, priority=900)
     app.connect("html-page-context", _download_menu, priority=600)
+    app.connect("html-page-context", _one_tab_title)
     app.add_node(downloads_placeholder)
     app.add_directive("fmlab-downloads", DownloadsDirective)
     app.add_node(runtimes_placeholder)
     app.add_directive("fmlab-runtimes", RuntimesDirective)
     app.connect("doctree-resolved", _resolve_pages)
     app.connect("build-finished", _publish, priority=900)
+    app.connect("build-finished", _frames_to_files, priority=950)
     return {"parallel_read_safe": True, "parallel_write_safe": True, "env_version": 2}

@@ -25,6 +25,7 @@ __all__ = [
     "fig_to_png",
     "fit_to_column",
     "glue_figure",
+    "text_collisions",
     "render_png",
     "slider_figure",
     "table",
@@ -241,9 +242,84 @@ def render_png(fig, *, bbox: str | None = None) -> tuple[bytes, int]:
         )
     finally:
         fig._layout_engine = engine
+    if bbox is None or bbox == "tight":
+        _warn_collisions(fig)
     data = buf.getvalue()
     pixels = struct.unpack(">I", data[16:20])[0]  # the PNG header's width
     return data, round(pixels / PIXEL_RATIO)
+
+
+#: What a figure with colliding text writes to the notebook's stderr when it is shown;
+#: tests/book/test_figures.py fails on any executed notebook that contains it.
+COLLISION_MARK = "fmlab: text collides in a figure"
+
+
+def _drawn_texts(fig) -> list:
+    """Draw ``fig`` and return the text artists that were drawn (a tick label outside
+    the axis' view is an artist too, but never drawn)."""
+    from matplotlib.backends.backend_agg import RendererAgg
+
+    drawn, seen = [], set()
+    original = RendererAgg.draw_text
+
+    def record(self, gc, x, y, s, prop, angle, ismath=False, mtext=None):
+        if mtext is not None and str(s).strip() and id(mtext) not in seen:
+            seen.add(id(mtext))
+            drawn.append(mtext)
+        return original(self, gc, x, y, s, prop, angle, ismath=ismath, mtext=mtext)
+
+    RendererAgg.draw_text = record
+    try:
+        fig.canvas.draw()
+    finally:
+        RendererAgg.draw_text = original
+    return drawn
+
+
+def text_collisions(fig, *, tolerance: float = 1.0) -> list[str]:
+    """The texts of ``fig`` that overlap one another as drawn: titles, axis and tick
+    labels, annotations, figure texts, and each legend's box against any text outside
+    it. Two boxes collide when they overlap by more than ``tolerance`` pixels in both
+    directions (a glyph's box carries some blank space). Returns one line per
+    collision; empty when the figure is clean."""
+    from matplotlib.legend import Legend
+
+    texts = _drawn_texts(fig)
+    renderer = fig.canvas.get_renderer()
+    legends = [lg for lg in fig.findobj(Legend) if lg.get_visible()]
+    owner = {id(t): lg for lg in legends for t in lg.get_texts() + [lg.get_title()]}
+    boxes = [
+        (repr(t.get_text())[:40], t.get_window_extent(renderer), owner.get(id(t)))
+        for t in texts
+    ]
+    boxes += [("legend", lg.get_window_extent(renderer), lg) for lg in legends]
+    out = []
+    for i, (name, box, group) in enumerate(boxes):
+        for other, obox, ogroup in boxes[i + 1 :]:
+            if group is not None and group is ogroup:
+                continue  # two parts of one legend
+            dx = min(box.x1, obox.x1) - max(box.x0, obox.x0)
+            dy = min(box.y1, obox.y1) - max(box.y0, obox.y0)
+            if dx > tolerance and dy > tolerance:
+                out.append(f"{name} overlaps {other}")
+    return out
+
+
+def _warn_collisions(fig) -> None:
+    import sys
+
+    try:
+        found = text_collisions(fig)
+    except Exception as err:  # noqa: BLE001 - a check must not break a figure
+        found = [f"could not be checked ({type(err).__name__}: {err})"]
+    if found:
+        title = fig.get_suptitle() or next(
+            (ax.get_title() for ax in fig.axes if ax.get_title()), "untitled"
+        )
+        print(
+            f"{COLLISION_MARK} ({title[:50]!r}): " + "; ".join(found[:6]),
+            file=sys.stderr,
+        )
 
 
 def fig_to_png(fig) -> bytes:
