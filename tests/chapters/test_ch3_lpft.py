@@ -16,12 +16,15 @@ from fmlab.chapters import ch3_linear as lin3
 from fmlab.chapters.ch3_figures import plot_feature_change, plot_learning_rate
 from fmlab.chapters.ch3_lpft import (
     METHODS,
+    ORDERINGS,
     LPFTConfig,
     _row_space,
     _span_features,
+    angles_where,
     at_angle,
     build_encoder,
     classifier_accuracy,
+    clear_orderings,
     feature_change,
     feature_change_at_loss,
     fine_tune_batch,
@@ -575,3 +578,41 @@ def test_span_features_match_the_plain_forward_of_fine_tuned_encoders():
                 got = _span_features(enc.net[0], Q, shared, tuned)
                 for t, f in zip(tests, got):
                     assert torch.allclose(f, tuned(t), atol=1e-5)
+
+
+def _fake_sweep(diffs):
+    """An overlap sweep whose OOD accuracies give the paired differences ``diffs``
+    (angle -> (LP − FT, LP-FT − LP), points, per seed)."""
+    out = {}
+    for a, (lp_ft, lpft_lp) in diffs.items():
+        lp = torch.full((len(lp_ft),), 0.5, dtype=torch.float64)
+        ood = {"lp": lp, "ft": lp - torch.tensor(lp_ft, dtype=torch.float64) / 100}
+        ood["lpft"] = lp + torch.tensor(lpft_lp, dtype=torch.float64) / 100
+        ood["scratch"] = lp
+        out[a] = {"acc": {m: torch.stack([v, v], 1) for m, v in ood.items()}}
+    return out
+
+
+def test_clear_orderings_and_angles_where_by_hand():
+    sweep = _fake_sweep(
+        {
+            45.0: ([-3.0, -2.5, -3.5], [2.0, 2.2, 1.8]),  # LP-FT ahead by 2 points
+            75.0: ([4.0, 4.5, 3.5], [0.5, 0.4, 0.6]),  # both ahead, LP-FT by < 1
+            90.0: ([9.0, -1.0, 9.0], [0.0, 0.1, -0.1]),  # one seed against: unclear
+        }
+    )
+    holds = clear_orderings(sweep)
+    assert holds[45.0] == {"LP − FT": False, "LP-FT − LP": True, "LP-FT − LP ≥ 1": True}
+    assert holds[75.0] == {"LP − FT": True, "LP-FT − LP": True, "LP-FT − LP ≥ 1": False}
+    assert not any(holds[90.0].values())
+    for name, ahead, other, lead in ORDERINGS:  # the same verdict as the rule itself
+        for a, res in sweep.items():
+            d = 100 * (res["acc"][ahead][:, 1] - res["acc"][other][:, 1])
+            assert holds[a][name] == fmlab.SeedEffect.of(d).holds(null=lead)
+    assert angles_where(holds, "LP-FT − LP") == "45°, 75°"
+    assert angles_where(holds, "LP − FT", "LP-FT − LP") == "75°"
+    assert angles_where(holds, "LP − FT", "LP-FT − LP ≥ 1") == "no angle"
+    with pytest.raises(ValueError, match="names"):
+        angles_where(holds, "FT − LP")
+    with pytest.raises(ValueError, match="names"):
+        angles_where(holds)

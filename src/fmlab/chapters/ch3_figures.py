@@ -475,7 +475,8 @@ def plot_feature_change(res: dict):
 def orderings_table(sweep: Mapping[float, dict], holds: Mapping[float, dict]):
     """One row per overlap angle: :math:`\\cos^2 a`, the number of seeds, and the two
     OOD orderings (mean ± s.e. over seeds, points) with ``holds[a][name]`` (whether
-    the margin rule holds) beside each."""
+    the ordering is clear, :func:`~fmlab.chapters.ch3_lpft.clear_orderings`) beside
+    each."""
     rows = []
     for a, res in sweep.items():
         row = {"a": f"{a:g}°", "cos²a": f"{res['overlap']:.3f}"}
@@ -493,8 +494,8 @@ def orderings_table(sweep: Mapping[float, dict], holds: Mapping[float, dict]):
         rows.append(row)
     return table(
         rows,
-        caption="mean ± s.e. over seeds (points); ✔: the margin rule holds (mean "
-        "beyond 0, or beyond +1 point, by 3 s.e., every seed beyond it too)",
+        caption="mean ± s.e. over seeds (points); ✔: clear (the mean beyond 0, or "
+        "beyond +1 point, by more than 3 s.e., and every seed beyond it too)",
     )
 
 

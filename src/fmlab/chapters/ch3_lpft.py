@@ -39,13 +39,14 @@ import copy
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .._validate import check_float, check_int, check_same_length, check_tensor
+from ..claims import SeedEffect
 from ..data.shift import StyleShiftConfig, StyleShiftWorld
 from ..models.mlp import MLP
 from ..repro import make_generator, seed_everything
@@ -73,6 +74,9 @@ __all__ = [
     "feature_change_at_loss",
     "matched_loss_change_ratio",
     "overlap_sweep",
+    "ORDERINGS",
+    "clear_orderings",
+    "angles_where",
     "tolerance_moves",
     "probe_contrast",
     "METHODS",
@@ -1211,6 +1215,42 @@ def overlap_sweep(
         if a not in out:
             out[a] = run_lpft_experiment(at_angle(cfg, a, seeds=tuple(seeds)))
     return {a: out[a] for a in sorted(out)}
+
+
+#: The talk's two OOD orderings as the overlap sweep tests them: (name, the method
+#: expected ahead, the other, the lead it must clear in accuracy points).
+ORDERINGS = (
+    ("LP − FT", "lp", "ft", 0.0),
+    ("LP-FT − LP", "lpft", "lp", 0.0),
+    ("LP-FT − LP ≥ 1", "lpft", "lp", 1.0),
+)
+
+
+def clear_orderings(sweep: Mapping[float, dict]) -> dict:
+    """Whether each of the :data:`ORDERINGS` is clear at each angle of an overlap
+    sweep (:func:`overlap_sweep`): ``{angle: {name: bool}}``. An ordering is clear
+    when the paired OOD accuracy difference (points, one sample per seed) clears its
+    lead by more than three standard errors and every seed is beyond it
+    (:meth:`fmlab.claims.SeedEffect.holds`)."""
+    out = {}
+    for a, res in sweep.items():
+        acc = {m: 100 * res["acc"][m][:, 1] for m in METHODS}
+        out[a] = {
+            name: SeedEffect.of(acc[ahead] - acc[other]).holds(null=lead)
+            for name, ahead, other, lead in ORDERINGS
+        }
+    return out
+
+
+def angles_where(holds: Mapping[float, dict], *names: str) -> str:
+    """The angles at which every ordering of ``names`` is clear in ``holds`` (from
+    :func:`clear_orderings`), as the prose cites them (``"60°, 75°"``), or
+    ``"no angle"``."""
+    known = {name for name, *_ in ORDERINGS}
+    if not names or any(n not in known for n in names):
+        raise ValueError(f"names must be among {sorted(known)}, got {names}")
+    angles = [a for a, h in holds.items() if all(h[n] for n in names)]
+    return ", ".join(f"{a:g}°" for a in angles) or "no angle"
 
 
 def tolerance_moves(results: Sequence[dict], cfg: LPFTConfig) -> dict:
