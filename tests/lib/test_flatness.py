@@ -393,6 +393,26 @@ def test_sgd_on_manifold_model_uses_the_true_minibatch_gradient_and_drifts():
         ManifoldModel(torch.tensor([0.5, 0.6]))
 
 
+def test_sgd_never_crosses_the_balanced_point():
+    """One step multiplies u_k^2 - v_k^2 by 1 - lr^2 g_k^2 with |g_k| < 1 (the page's
+    identity ch5-eq-balance), so no run's log-imbalance s_k ever changes sign, however
+    close to 0 it starts and however noisy the steps (until rounding: at lr = 0.3 the
+    imbalance reaches 1e-16 within 1500 steps)."""
+    m = ManifoldModel(P_STAR)
+    s0 = torch.tensor([0.02, -0.01, 0.5], dtype=torch.float64)
+    paths = sgd_on_manifold_model(
+        m,
+        s0,
+        torch.full((64,), 0.1),
+        torch.full((64,), 1.0),
+        steps=3000,
+        record_every=1,
+        generator=torch.Generator().manual_seed(0),
+    )
+    assert bool((torch.sign(paths.s) == torch.sign(s0)).all())
+    assert float(paths.s[-1, :, 2].max()) < 0.5  # and the sharp coordinate drifted in
+
+
 # -- the Dyck construction ---------------------------------------------------------
 def test_dyck_trace_is_the_hessian_trace_at_zero_loss():
     n = 4
