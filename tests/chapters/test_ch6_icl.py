@@ -407,32 +407,11 @@ def test_linear_lr_schedule_warms_up_then_decays_to_zero():
     assert lrs[-1] == pytest.approx(1 / (steps - warmup)) and min(lrs) > 0
 
 
-def _seen_log_likelihoods(world, tokens):
-    from fmlab.theory.bayes_icl import prefix_log_likelihoods
+def test_the_chapter_draws_its_documents_with_jumps_from_the_data_layer():
+    from fmlab.chapters import ch6_icl
+    from fmlab.data import ginc
 
-    idx = world.seen_concepts
-    return prefix_log_likelihoods(
-        tokens,
-        world.transition_matrices(idx),
-        world.emission_matrix(),
-        world.start_probs[idx],
-    )[..., -1]
-
-
-def test_smoothed_documents_jump_only_when_eps_is_positive(tiny):
-    from fmlab.chapters.ch6_icl import smoothed_documents
-
-    clean = smoothed_documents(tiny, 64, 40, make_generator(0), 0.0)
-    noisy = smoothed_documents(tiny, 64, 40, make_generator(0), 0.5)
-    assert clean.shape == noisy.shape == (64, 40)
-    assert int(clean.max()) < tiny.config.vocab_size and int(clean.min()) >= 0
-    # eps = 0: every document is possible under some pretraining concept
-    assert torch.isfinite(_seen_log_likelihoods(tiny, clean).amax(1)).all()
-    # eps = 0.5: random jumps make the documents less likely under the concepts
-    clean_ll = _seen_log_likelihoods(tiny, clean).logsumexp(1).mean()
-    assert _seen_log_likelihoods(tiny, noisy).logsumexp(1).mean() < clean_ll - 5
-    again = smoothed_documents(tiny, 64, 40, make_generator(0), 0.5)
-    assert torch.equal(noisy, again)
+    assert ch6_icl.smoothed_documents is ginc.smoothed_documents
 
 
 def test_pretraining_inside_documents_with_jumps(tmp_path, monkeypatch, tiny):

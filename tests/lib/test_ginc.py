@@ -33,6 +33,7 @@ from fmlab.data.ginc import (
     ginc_bayes_predictor,
     ginc_preset,
     permutation_mixture,
+    smoothed_documents,
 )
 from fmlab.models.lstm import LSTMLanguageModel
 from fmlab.theory.bayes_icl import (
@@ -254,6 +255,46 @@ def test_documents_follow_the_transition_matrix(tiny):
     emp = counts / rows
     se = (T * (1 - T) / rows).sqrt()
     assert ((emp - T).abs() <= 5 * se + 1e-3).all()
+
+
+def _mixture_log_likelihood(world, tokens, eps):
+    """log p(document) under the mixture of the seen concepts' eps-smoothed HMMs, up to
+    the constant log of the number of concepts."""
+    idx = world.seen_concepts
+    T = smooth_transitions(world.transition_matrices(idx), eps)
+    lls = prefix_log_likelihoods(
+        tokens, T, world.emission_matrix(), world.start_probs[idx]
+    )[..., -1]
+    return lls.logsumexp(1)
+
+
+def test_smoothed_documents_jump_only_when_eps_is_positive(tiny):
+    clean = smoothed_documents(tiny, 64, 40, make_generator(0), 0.0)
+    noisy = smoothed_documents(tiny, 64, 40, make_generator(0), 0.5)
+    assert clean.shape == noisy.shape == (64, 40)
+    assert int(clean.max()) < tiny.config.vocab_size and int(clean.min()) >= 0
+    # eps = 0: every document is possible under some pretraining concept
+    assert torch.isfinite(_mixture_log_likelihood(tiny, clean, 0.0)).all()
+    # eps = 0.5: random jumps make the documents less likely under the concepts
+    clean_ll = _mixture_log_likelihood(tiny, clean, 0.0).mean()
+    assert _mixture_log_likelihood(tiny, noisy, 0.0).mean() < clean_ll - 5
+    again = smoothed_documents(tiny, 64, 40, make_generator(0), 0.5)
+    assert torch.equal(noisy, again)
+
+
+def test_smoothed_documents_follow_the_smoothed_transitions(tiny):
+    """Oracle: the mean log-likelihood of samples is largest under the distribution
+    they were drawn from (Gibbs' inequality), so among smoothed mixtures the documents
+    with jumps at rate eps are most likely at eps."""
+    eps = 0.2
+    docs = smoothed_documents(tiny, 400, 30, make_generator(3), eps)
+    ll = {
+        e: float(_mixture_log_likelihood(tiny, docs, e).mean()) for e in (0.1, eps, 0.4)
+    }
+    assert max(ll, key=ll.get) == eps
+    # and the argument is checked
+    with pytest.raises(ValueError):
+        smoothed_documents(tiny, 4, 10, make_generator(0), 1.5)
 
 
 def test_prompt_format_and_labels_by_enumeration(tiny):

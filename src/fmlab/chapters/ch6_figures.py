@@ -34,7 +34,6 @@ __all__ = [
     "plot_diagnostics",
     "paper_comparison",
     "model_text",
-    "verdict",
     "prose_diagnostics",
 ]
 
@@ -434,15 +433,6 @@ def plot_diagnostics(diag: BoundaryDiagnostics, window: int):
 def model_text(cfg: Chapter6Config, res: TransformerICL) -> str:
     """The transformer in words: layers, width, parameters."""
     return f"{cfg.n_layers} layers, width {cfg.width}, {res.n_params:,} parameters"
-
-
-def verdict(effect) -> str:
-    """How a per-seed effect fares under the book's margin rule, in words."""
-    if effect.holds():
-        return "positive by the margin rule"
-    if effect.holds(direction="<"):
-        return "negative by the margin rule"
-    return "not distinguishable from zero by the margin rule"
 
 
 def paper_comparison(cfg: Chapter6Config, res: TransformerICL, effect: dict, unseen):

@@ -40,6 +40,7 @@ from ..data.ginc import (
     ginc_bayes_predictor,
     ginc_preset,
     prompt_length,
+    smoothed_documents,
 )
 from ..models.gpt import CausalLM, GPTConfig
 from ..models.lstm import LSTMLanguageModel
@@ -63,7 +64,6 @@ __all__ = [
     "evaluate_in_context",
     "gain_per_seed",
     "random_concept_accuracy",
-    "smoothed_documents",
     "DocumentLosses",
     "document_losses",
     "ExampleLosses",
@@ -109,7 +109,7 @@ class GINCPretrainConfig:
     separator (as Xie et al. 2022). ``corpus_eps > 0`` (documents only) draws the
     documents from the eps-smoothed HMMs: at each token, with probability
     ``corpus_eps``, the hidden state jumps to a uniformly random state
-    (:func:`smoothed_documents`), a departure from the paper's data.
+    (:func:`fmlab.data.ginc.smoothed_documents`), a departure from the paper's data.
     """
 
     world: GINCConfig = GINC_PRESETS["cpu"]
@@ -210,44 +210,6 @@ def lr_schedule(
 
 def _windows(corpus: torch.Tensor, starts: torch.Tensor, length: int) -> torch.Tensor:
     return corpus[starts.unsqueeze(1) + torch.arange(length)]
-
-
-def smoothed_documents(
-    world: GINC, n: int, length: int, g: torch.Generator, eps: float
-) -> torch.Tensor:
-    """``n`` documents of ``length`` tokens ``(n, length)`` from the seen concepts'
-    eps-smoothed HMMs: each step follows the concept's transitions, except that with
-    probability ``eps`` the next hidden state is drawn uniformly from all states (the
-    transition matrix ``(1 - eps) T_c + eps / H`` the smoothed Bayes predictor
-    assumes). ``eps = 0`` gives the world's own documents in distribution."""
-    n = check_int("n", n, minimum=1)
-    length = check_int("length", length, minimum=1)
-    eps = check_float("eps", eps, minimum=0.0, maximum=1.0)
-    c = world.config
-    P, H = c.n_properties, c.n_states
-    pool = world.seen_concepts
-    concept = pool[torch.randint(len(pool), (n,), generator=g)]
-    first = torch.rand(n, generator=g, dtype=torch.float64).unsqueeze(1)
-    h = torch.searchsorted(world.start_probs[concept].cumsum(1), first, right=True)
-    h = h.squeeze(1).clamp_(max=H - 1)
-    e, s = h // P, h % P
-    cdf_e = world.entity_transition.cumsum(1)
-    cdf_p = world.property_transitions.cumsum(2)
-    u = torch.rand(max(length - 1, 0), 4, n, generator=g, dtype=torch.float64)
-    target = torch.randint(0, H, (max(length - 1, 0), n), generator=g)
-
-    def draw(cdf, v):
-        i = torch.searchsorted(cdf, v.unsqueeze(1), right=True).squeeze(1)
-        return i.clamp_(max=cdf.shape[1] - 1)
-
-    states = [e * P + s]
-    for t in range(length - 1):
-        e, s = draw(cdf_e[e], u[t, 0]), draw(cdf_p[concept, s], u[t, 1])
-        jump = u[t, 2] < eps
-        e = torch.where(jump, target[t] // P, e)
-        s = torch.where(jump, target[t] % P, s)
-        states.append(e * P + s)
-    return world.state_tokens[torch.stack(states, 1)]
 
 
 def _corpus(cfg: GINCPretrainConfig, world: GINC) -> torch.Tensor:

@@ -37,8 +37,21 @@ The last (test) example loses its last token; the **label** is the most likely n
 token under :math:`c^\\star` given the test input alone (started at a uniform entity
 and property :math:`s_0`), not the sampled token.
 
+**Documents with state jumps** (:func:`smoothed_documents`): at every position, with
+probability :math:`\\varepsilon` the hidden state jumps to a state drawn uniformly from
+all :math:`H` states instead of following :math:`T_c`, so the chain moves by the
+smoothed matrix that the smoothed Bayes predictor assumes,
+
+.. math::
+    T_c^{(\\varepsilon)} = (1 - \\varepsilon)\\, T_c
+    + \\varepsilon\\, \\mathbf{1}\\mathbf{1}^\\top / H ,
+
+and a prompt's boundary (a change of state under an unchanged concept) becomes a
+possible event of pretraining. :math:`\\varepsilon = 0` is the paper's GINC.
+
 Sampling is vectorized over documents (or prompts and examples): the only Python loop
-runs over positions. Used in Chapter 6 (``notebooks/06-in-context-learning.ipynb``).
+runs over positions. Used in Chapter 6 (``notebooks/06-in-context-learning.ipynb`` and
+``notebooks/06b-icl-transformer.ipynb``).
 """
 
 from __future__ import annotations
@@ -67,6 +80,7 @@ __all__ = [
     "ginc_preset",
     "GINC",
     "Documents",
+    "smoothed_documents",
     "Prompts",
     "permutation_mixture",
     "assemble_prompts",
@@ -529,6 +543,44 @@ class GINC:
             f"vocab={c.vocab_size}, concepts={c.n_seen} seen + "
             f"{c.n_concepts - c.n_seen} unseen, seed={c.seed})"
         )
+
+
+def smoothed_documents(
+    world: GINC, n: int, length: int, g: torch.Generator, eps: float
+) -> torch.Tensor:
+    """``n`` documents of ``length`` tokens ``(n, length)`` from the seen concepts'
+    eps-smoothed HMMs: each step follows the concept's transitions, except that with
+    probability ``eps`` the next hidden state is drawn uniformly from all states (the
+    transition matrix ``(1 - eps) T_c + eps / H`` the smoothed Bayes predictor
+    assumes). ``eps = 0`` gives the world's own documents in distribution."""
+    n = check_int("n", n, minimum=1)
+    length = check_int("length", length, minimum=1)
+    eps = check_float("eps", eps, minimum=0.0, maximum=1.0)
+    c = world.config
+    P, H = c.n_properties, c.n_states
+    pool = world.seen_concepts
+    concept = pool[torch.randint(len(pool), (n,), generator=g)]
+    first = torch.rand(n, generator=g, dtype=torch.float64).unsqueeze(1)
+    h = torch.searchsorted(world.start_probs[concept].cumsum(1), first, right=True)
+    h = h.squeeze(1).clamp_(max=H - 1)
+    e, s = h // P, h % P
+    cdf_e = world.entity_transition.cumsum(1)
+    cdf_p = world.property_transitions.cumsum(2)
+    u = torch.rand(max(length - 1, 0), 4, n, generator=g, dtype=torch.float64)
+    target = torch.randint(0, H, (max(length - 1, 0), n), generator=g)
+
+    def draw(cdf, v):
+        i = torch.searchsorted(cdf, v.unsqueeze(1), right=True).squeeze(1)
+        return i.clamp_(max=cdf.shape[1] - 1)
+
+    states = [e * P + s]
+    for t in range(length - 1):
+        e, s = draw(cdf_e[e], u[t, 0]), draw(cdf_p[concept, s], u[t, 1])
+        jump = u[t, 2] < eps
+        e = torch.where(jump, target[t] // P, e)
+        s = torch.where(jump, target[t] % P, s)
+        states.append(e * P + s)
+    return world.state_tokens[torch.stack(states, 1)]
 
 
 def ginc_bayes_predictor(
