@@ -5,6 +5,7 @@
 #               rendered book in headless Chromium (it builds the book first)
 # Both create the virtual environment .venv first when it is missing.
 # `make seeds` is the robustness run (every chapter at seed offsets 1-4; not in test).
+# `make lab` opens the executed chapters in JupyterLab, rendered as on the pages.
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
@@ -20,7 +21,7 @@ export FMLAB_PROGRESS = 0
 export OMP_NUM_THREADS ?= 1
 export PYDEVD_DISABLE_FILE_VALIDATION = 1
 
-.PHONY: book test seeds clean chapter pdf
+.PHONY: book test seeds clean chapter pdf lab
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -55,6 +56,18 @@ seeds: $(STAMP)
 pdf: $(STAMP)
 	$(BIN)/jupyter-book build . --builder singlehtml
 	$(BIN)/python scripts/build_pdf.py
+
+# The executed chapters in JupyterLab (not part of test): baked into _build/lab (glued
+# numbers, citations, references and numbering as on the pages; scripts/bake_notebooks.py)
+# and rendered by jupyterlab-myst. Needs the chapters executed by `make book`.
+LAB := _build/lab
+lab: $(STAMP)
+	@ls _build/executed/*.ipynb >/dev/null 2>&1 || { \
+		echo "make lab: the chapters have not been executed yet (no _build/executed)."; \
+		echo "make lab: run \`make book\` first, then \`make lab\`."; exit 1; }
+	$(BIN)/python scripts/bake_notebooks.py _build/executed $(LAB) --lab
+	env -u FMLAB_PROGRESS -u OMP_NUM_THREADS $(BIN)/jupyter lab --notebook-dir=$(LAB) \
+		$$([ "$$(id -u)" = 0 ] && echo --allow-root)
 
 clean:
 	rm -rf _build .jupyter_cache

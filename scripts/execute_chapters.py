@@ -19,7 +19,9 @@ each failed chapter and exits non-zero, and nothing is cached for a failed chapt
 Finally it writes every chapter, as executed and cached (the outputs the pages are
 rendered from), to ``_build/executed/``: ``make test`` runs nbval in strict mode on
 those files. (myst-nb's own copy in ``_build/jupyter_execute`` has no outputs in cache
-mode.)
+mode.) Their Markdown is baked (``scripts/bake_notebooks.py``): glued numbers,
+citations and cross-references become the text the page shows, so that the downloaded
+notebook reads right in Jupyter; code cells and outputs are left as executed.
 """
 
 from __future__ import annotations
@@ -326,7 +328,12 @@ def main(argv=None) -> int:
 
 def _export(cache, folder: Path, strict: bool = True) -> int:
     """Write each chapter merged with its cached outputs to ``folder`` (with
-    ``strict=False``, skip chapters not executed yet)."""
+    ``strict=False``, skip chapters not executed yet), its Markdown baked by
+    ``scripts/bake_notebooks.py`` (glued values, citations and references as the page
+    shows them; code cells untouched): they are also the site's ``.ipynb`` downloads.
+    """
+    bake = _bake_module()
+    book = bake.load_book(ROOT)
     folder.mkdir(parents=True, exist_ok=True)
     for old in folder.glob("*.ipynb"):
         old.unlink()
@@ -339,8 +346,23 @@ def _export(cache, folder: Path, strict: bool = True) -> int:
                 continue
             print(f"execute_chapters: {path.name} is not in the execution cache")
             return 1
+        doc = path.relative_to(ROOT).with_suffix("").as_posix()
+        executed = bake.bake_notebook(executed, book, doc)
         nbformat.write(executed, str(folder / path.name))
     return 0
+
+
+def _bake_module():
+    """``scripts/bake_notebooks.py``, imported from beside this file."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "bake_notebooks", Path(__file__).with_name("bake_notebooks.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
 
 
 if __name__ == "__main__":
