@@ -44,13 +44,13 @@ def plot_world(world: GINC, names):
     chains of the first five concepts."""
     cfg = world.config
     shown = min(5, len(world.property_transitions))  # the first five concepts
-    fig, axes = plt.subplots(
-        1,
-        2 + shown,
-        figsize=(13, 2.3),
-        gridspec_kw={"width_ratios": [1.25] + [1] * (1 + shown)},
-    )
-    ax = axes[0]
+    # the memory, with a token in each of its cells, takes the left of the figure at
+    # full height; the chains are small squares in two rows beside it
+    cols = (shown + 2) // 2  # the entity chain and the concepts, in two rows
+    fig = plt.figure(figsize=(8.5, 3.6), layout="constrained")
+    grid = fig.add_gridspec(2, 1 + cols, width_ratios=[2.3] + [1] * cols)
+    ax = fig.add_subplot(grid[:, 0])
+    chains = [fig.add_subplot(grid[i // cols, 1 + i % cols]) for i in range(1 + shown)]
     ax.imshow(np.zeros_like(world.memory.numpy()), cmap="Greys", vmin=0, vmax=1)
     for e in range(cfg.n_entities):
         for s in range(cfg.n_properties):
@@ -61,22 +61,23 @@ def plot_world(world: GINC, names):
                 names[int(world.memory[e, s])],
                 ha="center",
                 va="center",
-                fontsize=6,
+                fontsize=9,
                 color=colour,
             )
     ax.set(
         title="memory M", xlabel="property s", ylabel="entity e", xticks=[], yticks=[]
     )
     ax.grid(False)
-    axes[1].imshow(world.entity_transition.numpy(), cmap="Blues", vmin=0, vmax=1)
-    axes[1].set(title="entities A", xticks=[], yticks=[])
+    chains[0].imshow(world.entity_transition.numpy(), cmap="Blues", vmin=0, vmax=1)
+    chains[0].set(title="entities A", xticks=[], yticks=[])
     for c in range(shown):
-        axes[2 + c].imshow(
+        chains[1 + c].imshow(
             world.property_transitions[c].numpy(), cmap="Blues", vmin=0, vmax=1
         )
-        axes[2 + c].set(title=f"concept {c}: $B^{{({c})}}$", xticks=[], yticks=[])
-    for axx in axes[1:]:
+        chains[1 + c].set(title=f"concept {c}: $B^{{({c})}}$", xticks=[], yticks=[])
+    for axx in chains:
         axx.grid(False)
+        axx.title.set_fontsize(10)
     return fig
 
 
@@ -113,7 +114,8 @@ def plot_smoothing(sweep: SmoothingSweep):
     """Bayes accuracy over n for every smoothing at k = 3 and 5, and the share of
     prompts impossible under every concept without smoothing."""
     scfg = sweep.config
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
+    # constrained layout keeps room below the panels for the legend of the ε lines
+    fig, axes = plt.subplots(1, 3, figsize=(8.5, 3.6), layout="constrained")
     for eps, arr in sweep.accuracy.items():
         for j, axx in enumerate(axes[:2]):
             axx.plot(scfg.ns, arr[:, :, j].mean(0), "o-", label=f"ε = {eps:g}")
@@ -124,18 +126,11 @@ def plot_smoothing(sweep: SmoothingSweep):
         )
         axes[2].plot(scfg.ns, impossible0[:, :, j].mean(0), "s-", label=f"k = {k}")
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(
-        handles,
-        labels,
-        loc="lower center",
-        ncol=5,
-        fontsize=8,
-        bbox_to_anchor=(0.38, -0.1),
-    )
+    fig.legend(handles, labels, loc="outside lower center", ncol=len(labels))
     axes[2].set(
         xlabel="number of examples n",
         ylabel="fraction",
-        title="ε = 0: prompts impossible under every concept",
+        title="ε = 0: prompts impossible\nunder every concept",
     )
     axes[2].legend()
     return fig
@@ -175,7 +170,7 @@ def posterior_slider(
             xticks=range(C),
             xlabel="concept c",
             ylabel=r"$p^\varepsilon(c\mid S_n)$",
-            title=f"one prompt: Bayes predicts '{names[int(res.prediction[0])]}', "
+            title=f"Bayes predicts '{names[int(res.prediction[0])]}', "
             f"label '{names[int(pr.labels[0])]}'",
         )
         ax1.set_yticks(  # few ticks, plain labels: log axes draw slowly
@@ -202,8 +197,12 @@ def posterior_slider(
         ax2.legend(fontsize=8, loc="lower right")
         text = world.decode(pr.tokens[0])
         text = text if len(text) < 150 else "… " + text[-148:]
-        fig.text(0.01, -0.03, "prompt: " + text, fontsize=7, family="monospace")
         fig.tight_layout()
+        # below the axes' labels (tight_layout keeps those inside the figure), growing
+        # downwards when the prompt wraps onto a second line
+        fig.text(
+            0.01, -0.02, "prompt: " + text, va="top", fontsize=9, family="monospace"
+        )
         return fig
 
     return slider_figure(
@@ -262,8 +261,14 @@ def plot_in_context(res: TransformerICL):
     acc, acc_un = res.stack("seen", "accuracy"), res.stack("unseen", "accuracy")
     bayes = res.stack("seen", "bayes_accuracy", bayes=True)
     bayes_un = res.stack("unseen", "bayes_accuracy", bayes=True)
+    # constrained layout keeps room below the panels for the legend
     fig, axes = plt.subplots(
-        1, len(res.ks), figsize=(10, 3.4), sharey=True, squeeze=False
+        1,
+        len(res.ks),
+        figsize=(8.5, 3.6),
+        sharey=True,
+        squeeze=False,
+        layout="constrained",
     )
     axes = axes[0]
     for j, k in enumerate(res.ks):
@@ -296,14 +301,7 @@ def plot_in_context(res: TransformerICL):
         axx.set(title=f"k = {k}", ylim=(0, 1.02), xlabel="number of examples n")
     axes[0].set_ylabel("in-context accuracy")
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(
-        handles,
-        labels,
-        loc="lower center",
-        ncol=3,
-        fontsize=8,
-        bbox_to_anchor=(0.5, -0.2),
-    )
+    fig.legend(handles, labels, loc="outside lower center", ncol=3)
     return fig
 
 
