@@ -441,3 +441,126 @@ def test_site_size_within_budget():
     assert extra <= 30 * 2**20, (
         f"the downloads are {extra / 2**20:.1f} MB, over their 30 MB budget"
     )
+
+
+CHAPTERS = [p for p in PAGES if p.startswith("notebooks/")]
+PHONE_PX = 400
+FIRST_PAINT_MS = 3000
+HTML_MAX_BYTES = 2 * 2**20
+# the slow line of issue 42: 10 Mbit/s both ways, 40 ms of latency
+SLOW_LINE = {
+    "offline": False,
+    "latency": 40,
+    "downloadThroughput": 10e6 / 8,
+    "uploadThroughput": 10e6 / 8,
+}
+
+
+@pytest.mark.parametrize("page", CHAPTERS)
+def test_chapter_reads_on_a_phone(page, server, browser):
+    """At 400 px no page scrolls sideways, and a tap on a figure opens it at full
+    size (its drawn width: the page shows it at about half of that)."""
+    driver = browser
+    metrics = {"width": PHONE_PX, "height": 800, "deviceScaleFactor": 2, "mobile": True}
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", metrics)
+    try:
+        driver.get(f"{server}/{page}.html")
+        _wait(driver, "return document.readyState === 'complete'", what="the page")
+        width = driver.execute_script("return document.documentElement.scrollWidth")
+        wide = driver.execute_script(
+            "return Array.from(document.querySelectorAll('.bd-article *'))"
+            ".filter(e => e.getBoundingClientRect().right > arguments[0] + 1"
+            "  && !e.closest('details:not([open])') && e.offsetParent !== null)"
+            ".filter(e => !Array.from(e.children).some(c =>"
+            "  c.getBoundingClientRect().right > arguments[0] + 1))"
+            ".slice(0, 5).map(e => e.tagName + '.' + e.className.slice(0, 30)"
+            "  + ': ' + (e.innerText || '').slice(0, 40))",
+            PHONE_PX,
+        )
+        assert width <= PHONE_PX + 1, (
+            f"{page}: {width} px wide at {PHONE_PX} px; widest elements: {wide}"
+        )
+        figures = driver.find_elements(
+            "css selector", ".cell_output img:not(.jupyter-widgets img)"
+        )
+        if figures:
+            driver.execute_script(
+                "arguments[0].scrollIntoView({block: 'center'})", figures[0]
+            )
+            figures[0].click()
+            _wait(
+                driver,
+                "const i = document.querySelector('.fmlab-figure-zoom img');"
+                "return i && i.complete && i.naturalWidth > 0",
+                timeout=10,
+                what="the figure to open at full size",
+            )
+            shown, drawn = driver.execute_script(
+                "const i = document.querySelector('.fmlab-figure-zoom img');"
+                "return [i.clientWidth, parseFloat(arguments[0].getAttribute('width'))"
+                " || arguments[0].naturalWidth / 2]",
+                figures[0],
+            )
+            assert shown >= 0.95 * drawn, f"{page}: full size {shown} < {drawn} px"
+            _screenshot_phone(driver, page + "-zoom")
+            driver.find_element("css selector", ".fmlab-figure-zoom").click()
+            assert not driver.find_elements("css selector", ".fmlab-figure-zoom")
+        driver.execute_script("window.scrollTo(0, 0)")
+        _screenshot_phone(driver, page + "-phone")
+    finally:
+        driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+
+
+def _screenshot_phone(driver, name: str) -> None:
+    shot = driver.execute_cdp_cmd("Page.captureScreenshot", {"format": "png"})
+    (SHOTS / f"{name.replace('/', '__')}.png").write_bytes(
+        base64.b64decode(shot["data"])
+    )
+
+
+@pytest.mark.parametrize("page", CHAPTERS)
+def test_chapter_paints_fast_on_a_slow_line(page, server, browser):
+    """On a 10 Mbit/s line with 40 ms latency and an empty browser cache, a chapter's
+    first contentful paint comes within 3 s, and its HTML is under 2 MB."""
+    size = (HTML / f"{page}.html").stat().st_size
+    assert size < HTML_MAX_BYTES, f"{page}: HTML of {size / 2**20:.1f} MB"
+    driver = browser
+    driver.execute_cdp_cmd("Network.enable", {})
+    driver.execute_cdp_cmd("Network.setCacheDisabled", {"cacheDisabled": True})
+    driver.execute_cdp_cmd("Network.emulateNetworkConditions", SLOW_LINE)
+    try:
+        driver.get(f"{server}/{page}.html")
+        _wait(
+            driver,
+            "return performance.getEntriesByName('first-contentful-paint').length > 0",
+            timeout=60,
+            what="the first contentful paint",
+        )
+        paint = driver.execute_script(
+            "return performance.getEntriesByName('first-contentful-paint')[0].startTime"
+        )
+    finally:
+        driver.execute_cdp_cmd(
+            "Network.emulateNetworkConditions",
+            {
+                "offline": False,
+                "latency": 0,
+                "downloadThroughput": -1,
+                "uploadThroughput": -1,
+            },
+        )
+        driver.execute_cdp_cmd("Network.setCacheDisabled", {"cacheDisabled": False})
+    PAINTS[page] = (paint, size)
+    assert paint < FIRST_PAINT_MS, f"{page}: first contentful paint {paint:.0f} ms"
+
+
+PAINTS: dict[str, tuple[float, int]] = {}
+
+
+def test_zz_first_paint_table():
+    """Prints the first-paint table of the chapters measured above."""
+    if not PAINTS:
+        pytest.skip("no chapter page was measured")
+    print("\npage | first contentful paint (ms) | HTML (kB)")
+    for page, (paint, size) in PAINTS.items():
+        print(f"{page} | {paint:.0f} | {size / 1024:.0f}")
