@@ -255,24 +255,32 @@ COLLISION_MARK = "fmlab: text collides in a figure"
 
 
 def _drawn_texts(fig) -> list:
-    """Draw ``fig`` and return the text artists that were drawn (a tick label outside
-    the axis' view is an artist too, but never drawn)."""
+    """Draw ``fig`` and return the text artists that put glyphs on the canvas (a tick
+    label outside the axis' view is an artist too, but never drawn; a text of several
+    lines reaches the renderer line by line, without its artist)."""
     from matplotlib.backends.backend_agg import RendererAgg
+    from matplotlib.text import Text
 
-    drawn, seen = [], set()
-    original = RendererAgg.draw_text
+    drawn, seen, calls = [], set(), [0]
+    draw_text, draw = RendererAgg.draw_text, Text.draw
 
-    def record(self, gc, x, y, s, prop, angle, ismath=False, mtext=None):
-        if mtext is not None and str(s).strip() and id(mtext) not in seen:
-            seen.add(id(mtext))
-            drawn.append(mtext)
-        return original(self, gc, x, y, s, prop, angle, ismath=ismath, mtext=mtext)
+    def count(self, *args, **kwargs):
+        calls[0] += 1
+        return draw_text(self, *args, **kwargs)
 
-    RendererAgg.draw_text = record
+    def record(self, renderer):
+        before = calls[0]
+        result = draw(self, renderer)
+        if calls[0] > before and str(self.get_text()).strip() and id(self) not in seen:
+            seen.add(id(self))
+            drawn.append(self)
+        return result
+
+    RendererAgg.draw_text, Text.draw = count, record
     try:
         fig.canvas.draw()
     finally:
-        RendererAgg.draw_text = original
+        RendererAgg.draw_text, Text.draw = draw_text, draw
     return drawn
 
 

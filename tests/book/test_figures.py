@@ -68,3 +68,13 @@ def test_crowded_tick_labels_collide():
     ax.set_xticks(range(30), [f"label {i}" for i in range(30)])
     assert any("overlaps" in f for f in text_collisions(fig))
     plt.close(fig)
+
+
+def test_texts_of_several_lines_are_checked():
+    """A text of several lines reaches the renderer line by line, without its artist:
+    it is checked too."""
+    fig, ax = plt.subplots(figsize=(3, 2))
+    ax.bar(range(9), range(9))
+    ax.set_xticks(range(9), [f"prompt\nmethod {i}" for i in range(9)])
+    assert any("prompt" in f for f in text_collisions(fig))
+    plt.close(fig)

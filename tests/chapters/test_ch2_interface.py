@@ -170,8 +170,11 @@ def test_figures_tables_and_slider_draw_from_the_results(results):
         fig2.plot_connectivity_sweep(runs["sweep"], 2 / 3),
         fig2.plot_trained_spectral(runs["trained"], 0.2, 0.1, 2 / 3),
         fig2.plot_probe_predictions(runs["same"]),
+        fig2.plot_slack(runs["latent"]),
     ]
     assert all(isinstance(f, plt.Figure) for f in figs)
+    n = len(runs["latent"].seeds)  # one line per seed and quantity
+    assert [len(ax.lines) for ax in figs[-1].axes][:2] == [3 * n, n]
     plt.close("all")
     r = runs["latent"]
     hinge = [

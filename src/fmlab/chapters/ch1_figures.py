@@ -14,6 +14,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 from IPython.display import Markdown
+from matplotlib.lines import Line2D
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
 from ..claims import SeedEffect
@@ -361,11 +362,11 @@ def interface_bound(itf: Interface, bayes_task_loss: torch.Tensor, cfg: Chapter1
     with the trivial guarantee of the head gamma = 0."""
     lhs, rhs = itf.excess_minimal_loss, itf.bound
     trivial = 1.0 - bayes_task_loss
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    fig, axes = plt.subplots(1, 2, figsize=(8.5, 3.6), layout="constrained")
     for a, (s, colour) in enumerate(zip(cfg.pretrain_seeds, PALETTE.values())):
         x, t = itf.excess_pretraining_loss[a], cfg.eval_tasks.index(s)
-        axes[0].plot(x, lhs[a, :, t], "o-", color=colour, label=f"model {s}: actual")
-        axes[0].plot(x, rhs[a, :, t], "--", color=colour, label=f"model {s}: bound")
+        axes[0].plot(x, lhs[a, :, t], "o-", color=colour, ms=4)
+        axes[0].plot(x, rhs[a, :, t], "--", color=colour)
     axes[0].set(
         xscale="log",
         yscale="log",
@@ -373,7 +374,17 @@ def interface_bound(itf: Interface, bayes_task_loss: torch.Tensor, cfg: Chapter1
         ylabel=r"$L^\star_{adapt}-L^{Bayes}_{task}$",
         title="Along pretraining (each model on its own task)",
     )
-    axes[0].legend(fontsize=7, ncol=2)
+    # the left panel's legend below the panels, where it covers no curve: the models
+    # by colour, the two sides of the bound by line style
+    black = PALETTE["black"]
+    handles = [
+        Line2D([], [], color=colour, label=f"model {s}")
+        for s, colour in zip(cfg.pretrain_seeds, PALETTE.values())
+    ] + [
+        Line2D([], [], color=black, marker="o", ms=4, label="actual (left)"),
+        Line2D([], [], color=black, ls="--", label="bound (left)"),
+    ]
+    fig.legend(handles=handles, loc="outside lower center", ncol=len(handles))
     axes[1].scatter(rhs.flatten(), lhs.flatten(), s=6, alpha=0.5, color=PALETTE["blue"])
     lim = (float(lhs.min()) * 0.5, float(rhs.max()) * 2)
     axes[1].plot(lim, lim, color=PALETTE["black"], lw=1, label="left = right")
@@ -393,7 +404,6 @@ def interface_bound(itf: Interface, bayes_task_loss: torch.Tensor, cfg: Chapter1
         title="All checkpoints, models and tasks",
     )
     axes[1].legend(fontsize=8)
-    fig.tight_layout()
     return fig
 
 
@@ -459,10 +469,16 @@ def decomposition_slider(dec: DecompositionSweep, initial: int = 2):
     def render(n):
         i = dec.ns.index(n)
         fig, (ax1, ax2) = plt.subplots(
-            1, 2, figsize=(9.0, 3.0), gridspec_kw={"width_ratios": [1.3, 1]}
+            1,
+            2,
+            figsize=(8.5, 3.3),
+            gridspec_kw={"width_ratios": [1.3, 1]},
+            layout="constrained",
         )
         ax1.plot(c0s, Lstar_c0, "o-", color=PALETTE["blue"], label=r"$L^\star_{adapt}$")
-        ax1.plot(c0s, ge_pool[i], "s-", color=PALETTE["orange"], label="gen. error")
+        ax1.plot(
+            c0s, ge_pool[i], "s-", color=PALETTE["orange"], label="generalization error"
+        )
         ax1.plot(
             c0s,
             L_pool[i],
@@ -479,7 +495,6 @@ def decomposition_slider(dec: DecompositionSweep, initial: int = 2):
         )
         ax1.set_xticks(c0s, [f"{c:g}" for c in c0s])
         ax1.minorticks_off()
-        ax1.legend(fontsize=7, loc="upper left")
         x = np.arange(len(c0s), dtype=float)
         ge = np.maximum(ge_pool[i], 0)
         ax2.bar(x - 0.2, Lstar_c0, width=0.4, color=PALETTE["blue"], label=r"$L^\star$")
@@ -505,8 +520,11 @@ def decomposition_slider(dec: DecompositionSweep, initial: int = 2):
             xlabel="$c_0$",
             title="bound (left bar) and actual loss (right bar)",
         )
-        ax2.legend(fontsize=7)
-        fig.tight_layout()
+        # one legend for both panels (the same colours), below them, at the same place
+        # in every frame of the slider
+        fig.legend(
+            handles=ax1.get_lines(), loc="outside lower center", ncol=3, fontsize=9
+        )
         return fig
 
     return slider_figure(

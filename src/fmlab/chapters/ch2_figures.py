@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import matplotlib.pyplot as plt
 import torch
+from matplotlib.lines import Line2D
 
 from ..data.contrastive import ManifoldConfig, MixtureOfManifolds
 from ..theory.contrastive import spectral_minimizer
@@ -25,6 +26,7 @@ from .ch2_interface import (
 __all__ = [
     "plot_latent_class_training",
     "slack_table",
+    "plot_slack",
     "hinge_table",
     "plot_connectivity_sweep",
     "render_sweep_state",
@@ -58,27 +60,32 @@ def _sci(v: float) -> str:
 def plot_latent_class_training(result: LatentClassesResult):
     """Part I's figure: the latent classes, both sides of the bound and the best head
     along training, and the interface plot :math:`L^{\\mu}_{\\text{sup}}` vs
-    :math:`L_{\\text{un}}`."""
+    :math:`L_{\\text{un}}`.
+
+    One legend below the panels gives the seeds (colours, shared by both plots) and
+    the line styles, so that no legend covers an axis."""
     _check("result", result, LatentClassesResult)
     r = result
     tau, ell0 = r.tau, r.ell0
     fig, axes = plt.subplots(
-        1, 3, figsize=(13, 3.8), gridspec_kw={"width_ratios": [1, 1.3, 1.3]}
+        1,
+        3,
+        figsize=(8.5, 3.7),
+        gridspec_kw={"width_ratios": [0.8, 1.1, 1.1]},
+        layout="constrained",
     )
     for c in range(r.class_probs.numel()):
         pts = r.points[r.labels == c]
-        axes[0].scatter(pts[:, 0], pts[:, 1], s=6, color=COLORS[c % len(COLORS)])
+        axes[0].scatter(pts[:, 0], pts[:, 1], s=4, color=COLORS[c % len(COLORS)])
     axes[0].set(title="Latent classes (input space)", aspect="equal")
     axes[0].axis("off")
     st = r.steps.clamp_min(1)
-    for i, s in enumerate(r.seeds):
+    for i in range(len(r.seeds)):
         col = COLORS[i % len(COLORS)]
-        axes[1].plot(st, r.bound[i], "o-", color=col, ms=4, label=f"bound, seed {s}")
-        axes[1].plot(st, r.mean_classifier[i], "s--", color=col, ms=4, alpha=0.8)
-        axes[1].plot(st, r.best_head[i], "^:", color=col, ms=4, alpha=0.8)
-    axes[1].plot([], [], "k--s", ms=4, label=r"$L^\mu_{sup}$ (mean classifier)")
-    axes[1].plot([], [], "k:^", ms=4, label=r"$L^\star_{adapt}$ (best head)")
-    axes[1].axhline(ell0, color=PALETTE["black"], lw=1, ls="-.", label=r"$\ell(0)$")
+        axes[1].plot(st, r.bound[i], "o-", color=col, ms=3)
+        axes[1].plot(st, r.mean_classifier[i], "s--", color=col, ms=3, alpha=0.8)
+        axes[1].plot(st, r.best_head[i], "^:", color=col, ms=3, alpha=0.8)
+    axes[1].axhline(ell0, color=PALETTE["black"], lw=1, ls="-.")
     axes[1].set(
         xscale="log",
         yscale="log",
@@ -86,19 +93,20 @@ def plot_latent_class_training(result: LatentClassesResult):
         ylabel="population loss",
         title="The chain along training",
     )
-    axes[1].legend(fontsize=7, ncol=2)
     hi = float(r.unsupervised.max()) * 1.05
     xs = torch.linspace(tau * ell0, hi, 50)
     axes[2].axvspan(0, tau * ell0, color=PALETTE["red"], alpha=0.12)
-    axes[2].text(0.01, 0.02, r"$L_{un}<\tau\ell(0)$" "\nimpossible", fontsize=7)
-    axes[2].plot(xs, (xs - tau * ell0) / (1 - tau), color=PALETTE["black"], label="g")
-    for i, s in enumerate(r.seeds):
+    axes[2].text(
+        0.03,
+        0.97,
+        r"$L_{un}<\tau\ell(0)$" "\nimpossible",
+        transform=axes[2].transAxes,
+        va="top",
+    )
+    axes[2].plot(xs, (xs - tau * ell0) / (1 - tau), color=PALETTE["black"])
+    for i in range(len(r.seeds)):
         axes[2].plot(
-            r.unsupervised[i],
-            r.mean_classifier[i],
-            "o",
-            color=COLORS[i % len(COLORS)],
-            label=f"checkpoints, seed {s}",
+            r.unsupervised[i], r.mean_classifier[i], "o", color=COLORS[i % len(COLORS)]
         )
     axes[2].set(
         xlabel=r"pretraining loss $L_{un}(f)$",
@@ -107,8 +115,40 @@ def plot_latent_class_training(result: LatentClassesResult):
         ylim=(0, None),
         title=r"The interface: $L^\mu_{sup}\leq g(L_{un})$",
     )
-    axes[2].legend(fontsize=7)
-    fig.tight_layout()
+    # one legend for both plots: the seeds by colour, the quantities by line style
+    black = PALETTE["black"]
+    handles = [
+        Line2D(
+            [], [], color=COLORS[i % len(COLORS)], marker="o", ms=4, label=f"seed {s}"
+        )
+        for i, s in enumerate(r.seeds)
+    ] + [
+        Line2D([], [], color=black, marker="o", ms=4, label="bound (middle)"),
+        Line2D(
+            [],
+            [],
+            color=black,
+            marker="s",
+            ms=4,
+            ls="--",
+            label=r"$L^\mu_{sup}$ (mean classifier)",
+        ),
+        Line2D(
+            [],
+            [],
+            color=black,
+            marker="^",
+            ms=4,
+            ls=":",
+            label=r"$L^\star_{adapt}$ (best head)",
+        ),
+        Line2D([], [], color=black, lw=1, ls="-.", label=r"$\ell(0)$"),
+        Line2D([], [], color=black, label="g (right)"),
+        Line2D(
+            [], [], color=black, marker="o", ls="", ms=4, label="checkpoint (right)"
+        ),
+    ]
+    fig.legend(handles=handles, loc="outside lower center", ncol=4)
     return fig
 
 
@@ -136,6 +176,72 @@ def slack_table(result: LatentClassesResult):
     return table(rows, caption=caption, digits=4)
 
 
+def plot_slack(result: LatentClassesResult):
+    """:func:`slack_table` drawn as the lines it is: left, the two steps between
+    Arora et al.'s bound and :math:`L^\\star_{\\text{adapt}}` along training (the
+    Jensen step beside its bound, the middle term of ch2-eq-slack, and the
+    mean-classifier step); right, the within-class spread that controls the Jensen
+    step. One line per seed, in the colours of :func:`plot_latent_class_training`."""
+    _check("result", result, LatentClassesResult)
+    r = result
+    st = r.steps.clamp_min(1)
+    jensen = r.bound - r.mean_classifier
+    head = r.mean_classifier - r.best_head
+    fig, axes = plt.subplots(
+        1,
+        2,
+        figsize=(8.5, 3.6),
+        gridspec_kw={"width_ratios": [1.4, 1]},
+        layout="constrained",
+    )
+    for i in range(len(r.seeds)):
+        col = COLORS[i % len(COLORS)]
+        axes[0].plot(st, jensen[i], "o-", color=col, ms=3)
+        axes[0].plot(st, r.jensen_bound[i], "--", color=col, lw=1.2, alpha=0.8)
+        axes[0].plot(st, head[i], "^:", color=col, ms=3)
+        axes[1].plot(st, r.spread[i], "o-", color=col, ms=3)
+    axes[0].set(
+        xscale="log",
+        yscale="log",
+        xlabel="pretraining step (0 shown at 1)",
+        ylabel="loss difference",
+        title="Where the bound loses",
+    )
+    axes[1].set(
+        xscale="log",
+        yscale="log",
+        xlabel="pretraining step (0 shown at 1)",
+        ylabel="spread $s(f)$",
+        title="Within-class spread",
+    )
+    black = PALETTE["black"]
+    handles = [
+        Line2D([], [], color=COLORS[i % len(COLORS)], label=f"seed {s}")
+        for i, s in enumerate(r.seeds)
+    ] + [
+        Line2D(
+            [],
+            [],
+            color=black,
+            marker="o",
+            ms=4,
+            label=r"Jensen step: bound $-\,L^\mu_{sup}$",
+        ),
+        Line2D([], [], color=black, lw=1.2, ls="--", label="bound on the Jensen step"),
+        Line2D(
+            [],
+            [],
+            color=black,
+            marker="^",
+            ms=4,
+            ls=":",
+            label=r"mean-classifier step: $L^\mu_{sup}-L^\star_{adapt}$",
+        ),
+    ]
+    fig.legend(handles=handles, loc="outside lower center", ncol=3)
+    return fig
+
+
 def hinge_table(seeds, hinge, logistic):
     """Exercise: Arora et al.'s terms for the hinge loss beside the logistic slack, per
     seed (``hinge`` and ``logistic`` are lists of
@@ -160,15 +266,24 @@ def hinge_table(seeds, hinge, logistic):
 # --------------------------------------------------------------------------------------
 def plot_connectivity_sweep(sweep: SweepResult, trivial: float):
     """Part II's figure: :math:`L^\\star_{\\text{adapt}}` of the minimiser and the
-    guarantee over the grid, what the two knobs do to the graph, and a heat map."""
+    guarantee over the grid, what the two knobs do to the graph, and a heat map.
+
+    One legend below the panels gives the separations (colours, shared by both line
+    plots) and the lines, so that no legend covers a curve."""
     _check("sweep", sweep, SweepResult)
     L, B = sweep.minimal_adaptation_loss, sweep.bound
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    fig, axes = plt.subplots(
+        1,
+        3,
+        figsize=(8.5, 3.6),
+        layout="constrained",
+        gridspec_kw={"width_ratios": [1.25, 1.1, 1]},
+    )
     for j, sep in enumerate(sweep.separations):
         col = COLORS[j % len(COLORS)]
-        axes[0].plot(sweep.along_stds, L[:, j], "o-", color=col, label=f"sep. {sep}")
+        axes[0].plot(sweep.along_stds, L[:, j], "o-", color=col, ms=4)
         axes[0].plot(sweep.along_stds, B[:, j].clamp_max(10), ":", color=col)
-    axes[0].axhline(trivial, color=PALETTE["black"], lw=1, ls="--", label="constant")
+    axes[0].axhline(trivial, color=PALETTE["black"], lw=1, ls="--")
     axes[0].set(
         xscale="log",
         yscale="log",
@@ -177,13 +292,12 @@ def plot_connectivity_sweep(sweep: SweepResult, trivial: float):
         ylabel=r"$L^\star_{adapt}(f^\star)$ (solid), $\phi/\lambda_{k+1}$ (dotted)",
         title="Better within-class connectivity",
     )
-    axes[0].legend(fontsize=7)
     axes[1].plot(
         sweep.along_stds,
         sweep.lambda_next[:, 0],
         "o-",
         color=PALETTE["blue"],
-        label=r"gap $\lambda_{k+1}$",
+        ms=4,
     )
     for j, sep in enumerate(sweep.separations):
         axes[1].plot(
@@ -192,12 +306,11 @@ def plot_connectivity_sweep(sweep: SweepResult, trivial: float):
             "s--",
             color=COLORS[j % len(COLORS)],
             alpha=0.8,
-            label=rf"leakage $\phi$, sep. {sep}",
+            ms=4,
         )
     axes[1].set(
         xscale="log", yscale="log", xlabel="$s$", title="What the knobs do to the graph"
     )
-    axes[1].legend(fontsize=7)
     im = axes[2].imshow(
         L.T.clamp_min(1e-6).log10(), origin="lower", aspect="auto", cmap="viridis"
     )
@@ -210,8 +323,34 @@ def plot_connectivity_sweep(sweep: SweepResult, trivial: float):
         ylabel="separation",
         title=r"$\log_{10} L^\star_{adapt}(f^\star)$",
     )
+    axes[2].grid(False)
     fig.colorbar(im, ax=axes[2])
-    fig.tight_layout()
+    # one legend for both line plots: the separations by colour, the curves by style
+    black = PALETTE["black"]
+    handles = [
+        Line2D([], [], color=COLORS[j % len(COLORS)], label=f"separation {sep}")
+        for j, sep in enumerate(sweep.separations)
+    ] + [
+        Line2D([], [], color=black, lw=1, ls="--", label="constant predictor (left)"),
+        Line2D(
+            [],
+            [],
+            color=PALETTE["blue"],
+            marker="o",
+            ms=4,
+            label=r"gap $\lambda_{k+1}$ (middle)",
+        ),
+        Line2D(
+            [],
+            [],
+            color=black,
+            marker="s",
+            ms=4,
+            ls="--",
+            label=r"leakage $\phi$ (middle)",
+        ),
+    ]
+    fig.legend(handles=handles, loc="outside lower center", ncol=4)
     return fig
 
 

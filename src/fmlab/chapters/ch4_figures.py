@@ -9,6 +9,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
+from matplotlib.ticker import NullLocator
 
 from ..viz import PALETTE, slider_figure, table
 
@@ -64,7 +65,7 @@ def plot_pretraining(losses: torch.Tensor, every: int = 50):
 def plot_signgd_step(checks, step_lrs, entk_resid, shown: int = 2):
     """Left: predicted vs actual change of f for one SignGD step (learning rate
     ``step_lrs[shown]``); right: the relative error against the step size."""
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.4))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(8.5, 3.4), layout="constrained")
     c0 = checks[0]
     ax1.scatter(
         c0.predicted[shown].numpy(), c0.actual[shown].numpy(), s=10, c=PALETTE["blue"]
@@ -76,6 +77,7 @@ def plot_signgd_step(checks, step_lrs, entk_resid, shown: int = 2):
         ylabel=r"actual $f_{t+1}(x) - f_t(x)$",
         title=rf"one SignGD step, $\eta$ = {step_lrs[shown]:g}",
     )
+    ax1.locator_params(axis="x", nbins=5)  # room between the tick labels
     for i, c in enumerate(checks):
         ax2.loglog(
             step_lrs,
@@ -96,40 +98,72 @@ def plot_signgd_step(checks, step_lrs, entk_resid, shown: int = 2):
         ylabel="relative error of the prediction",
         title=f"{len(checks)} training examples",
     )
-    ax2.legend()
-    fig.tight_layout()
+    # the right panel's legend below the panels, where it covers no line
+    fig.legend(*ax2.get_legend_handles_labels(), loc="outside lower center", ncol=2)
     return fig
 
 
 def plot_kernel_accuracies(acc: dict, shots, bars, references: dict):
     """Bars of mean test accuracy (error bars: standard error over seeds) for each
     (setting, method) in ``bars`` and each k in ``shots``; ``references`` maps a label
-    to a horizontal line (e.g. the zero-shot prompt, the Bayes-optimal accuracy)."""
+    to a vertical line (e.g. the zero-shot prompt, the Bayes-optimal accuracy).
+
+    The bars are horizontal, one panel per k, so that every method's name is written
+    once, in full, beside its bar; a method not run at some k is marked there."""
+    bars = list(bars)
+    # one row per method, top to bottom, with a gap between settings
+    rows, y = [], 0.0
+    for i, (setting, _) in enumerate(bars):
+        if i and setting != bars[i - 1][0]:
+            y += 0.5
+        rows.append(y)
+        y += 1
     fig, axes = plt.subplots(
-        1, len(shots), figsize=(4.2 * len(shots), 3.4), sharey=True
+        1,
+        len(shots),
+        figsize=(8.5, 0.22 * y + 1.6),
+        sharey=True,
+        layout="constrained",
     )
+    fig.get_layout_engine().set(wspace=0.06)
     axes = np.atleast_1d(axes)
     styles = iter([("--", PALETTE["black"]), (":", PALETTE["black"])])
     lines = {label: next(styles) for label in references}
     for ax, k in zip(axes, shots):
-        shown = [(s, m) for s, m in bars if (s, m, k) in acc]
-        for i, (setting, method) in enumerate(shown):
+        runs = 0
+        for row, (setting, method) in zip(rows, bars):
+            if (setting, method, k) not in acc:
+                ax.text(0.42, row, "not run", va="center", color="#777777")
+                continue
             v = np.asarray(acc[(setting, method, k)])
             se = v.std(ddof=1) / np.sqrt(len(v))
-            ax.bar(i, v.mean(), yerr=se, color=COLORS[(setting, method)], capsize=3)
-        for label, value in references.items():
-            ls, color = lines[label]
-            ax.axhline(value, color=color, ls=ls, lw=1, label=label)
-        ax.set_xticks(
-            range(len(shown)),
-            [f"{s[:4]}.\n{m}" for s, m in shown],
-            fontsize=7,
-            rotation=0,
+            ax.barh(
+                row,
+                v.mean(),
+                xerr=se,
+                height=0.8,
+                color=COLORS[(setting, method)],
+                capsize=2,
+            )
+            runs = len(v)
+        handles = [
+            ax.axvline(
+                value, color=lines[label][1], ls=lines[label][0], lw=1, label=label
+            )
+            for label, value in references.items()
+        ]
+        ax.set(
+            xlim=(0.4, 1.0),
+            xticks=(0.4, 0.6, 0.8, 1.0),
+            xlabel="test accuracy",
+            title=f"k = {k} per class\n({runs} seeds)",
         )
-        ax.set(ylim=(0.4, 1.0), title=f"k = {k} per class ({len(v)} seeds)")
-    axes[0].set_ylabel("test accuracy")
-    axes[0].legend(loc="lower left", fontsize=8)
-    fig.tight_layout()
+        ax.grid(axis="y", visible=False)
+        ax.tick_params(axis="y", length=0)
+    axes[0].set_yticks(rows, [f"{s} {m}" for s, m in bars])
+    axes[0].invert_yaxis()
+    if references:
+        fig.legend(handles=handles, loc="outside lower center", ncol=len(references))
     return fig
 
 
@@ -138,6 +172,7 @@ def plot_laziness(by_lr: dict, shots, lr_scales_by_k: dict):
     for both settings (mean over seeds; error bars: standard error)."""
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
     markers = dict(zip(shots, ("o", "s", "^", "D")))
+    grid = sorted({float(c) for k in shots for c in lr_scales_by_k[k]})
     for setting, color in (("prompt", PALETTE["blue"]), ("standard", PALETTE["red"])):
         for k in shots:
             cs = lr_scales_by_k[k]
@@ -168,6 +203,9 @@ def plot_laziness(by_lr: dict, shots, lr_scales_by_k: dict):
             title=title,
         )
         ax.title.set_fontsize(9)
+        # the grid's scales as plain numbers, not 6×10⁻¹ and 2×10⁰
+        ax.set_xticks(grid, [f"{c:g}" for c in grid])
+        ax.xaxis.set_minor_locator(NullLocator())
     axes[1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
     fig.tight_layout()
     return fig
