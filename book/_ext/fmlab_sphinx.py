@@ -264,7 +264,7 @@ def _repro_notes(app, node, fromdocname):
         item += nodes.emphasis(text=row["status"])
         why = ph.get("caveat")
         if why:
-            item += nodes.Text(". " + why)
+            item += nodes.Text(": " + why)
         out.append(item)
         bullets = nodes.bullet_list()
         for k in row["keys"]:

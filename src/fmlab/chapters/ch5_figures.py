@@ -7,6 +7,8 @@ matplotlib ``Figure``, an :func:`fmlab.viz.table`, a slider or a dict of strings
 
 from __future__ import annotations
 
+import itertools
+
 import matplotlib.pyplot as plt
 import torch
 
@@ -157,9 +159,10 @@ def plot_manifold(man: ManifoldResult):
         [0, 20, 50, 100, 200],
         "η=0.04, B=1: the runs slide along $\\Gamma$",
     )
-    a0.legend(fontsize=8)
-    a1.legend(fontsize=8)
-    a3.legend(fontsize=7)
+    # the upper right legend names the settings for the three panels that draw them
+    # (in the upper left panel it would cover a curve)
+    a1.legend()
+    a3.legend()
     fig.tight_layout()
     return fig
 
@@ -253,7 +256,8 @@ def plot_dyck(dyck: dict, config: DyckConfig):
     )
     a1.set(
         xticks=range(len(names)),
-        xticklabels=names,
+        # "memorising 0" on two lines: on one, four labels run into each other
+        xticklabels=[k.replace(" ", "\n") for k in names],
         ylabel=r"tr $\nabla^2 L$ (flattest rescaling)",
         title="Both fit the masked task exactly",
     )
@@ -365,7 +369,6 @@ def plot_same_loss(res: dict, transition: torch.Tensor, sizes, tolerance: float)
         ylabel="block accuracy",
         title=f"Same loss, different transfer (mean ± sd, {E} seeds)",
     )
-    a2.legend(fontsize=7, loc="lower right")
     for (lab, _, _, col), g, acc in zip(_MODELS, gaps, accs):
         a3.scatter(
             g,
@@ -381,8 +384,17 @@ def plot_same_loss(res: dict, transition: torch.Tensor, sizes, tolerance: float)
         ylabel=f"block accuracy, n = {sizes[big]}",
         title="Loss gap vs transfer, every model",
     )
-    a3.legend(fontsize=7)
-    fig.tight_layout()
+    # one legend for both lower panels (the same models in the same colours), below
+    # them: inside, the curves of the left panel would run through it
+    handles, labels = a2.get_legend_handles_labels()
+    order = sorted(range(len(labels)), key=lambda k: labels[k].startswith("probe"))
+    fig.legend(
+        [handles[k] for k in order],
+        [labels[k] for k in order],
+        loc="lower center",
+        ncol=3,
+    )
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     return fig
 
 
@@ -426,6 +438,14 @@ def equal_loss_table(models: dict, res: dict):
     return table(rows, caption=caption)
 
 
+def _styles(*entries, ms: float = 6):
+    """Grey legend handles for line styles, one per (marker, line style, label)."""
+    return [
+        plt.Line2D([], [], color="grey", marker=m, ms=ms, ls=ls, label=label)
+        for m, ls, label in entries
+    ]
+
+
 def plot_equal_loss(
     res: dict, models: dict, sizes, big: int, small: int, tolerance: float
 ):
@@ -467,13 +487,32 @@ def plot_equal_loss(
     a0.set(
         xlabel="continued SGD step",
         ylabel=r"tr $\nabla^2 L_{pre}$ of the block",
-        title="Continued SGD flattens the head, sharpens the encoder",
+        title="SGD flattens the head, sharpens the encoder",
     )
-    a0.legend(fontsize=7, ncol=2)
+
+    # the seeds by colour (first row) and the blocks by style (second row), in the
+    # band between the two blocks; the legend fills its three columns one by one
+    seeds = [
+        plt.Line2D([], [], color=plt.cm.tab10(e), label=f"seed {e}")
+        for e in range(accc.shape[1])
+    ]
+    blocks = _styles(("o", "-", "head"), ("s", "--", "encoder"), ms=3)
+    a0.legend(
+        handles=[h for pair in itertools.zip_longest(seeds, blocks) for h in pair if h],
+        ncol=len(seeds),
+        loc="center",
+        bbox_to_anchor=(0.5, 0.36),
+    )
     a1.set(
         xlabel="continued SGD step",
-        ylabel=f"block accuracy (solid n = {sizes[big]}, dashed n = {sizes[small]})",
+        ylabel="block accuracy",
         title="…and transfer does not move",
+    )
+    a1.legend(
+        handles=_styles(
+            ("o", "-", f"n = {sizes[big]}"), ("s", "--", f"n = {sizes[small]}"), ms=3
+        ),
+        loc="center right",
     )
     a2.set(
         xlabel="continued SGD step",
@@ -591,7 +630,13 @@ def plot_noise(tres: dict, sizes):
     a0, a1, a2 = axes
     E = tres["pretrain_gap"].shape[1]
     for e in range(E):
-        a0.plot(tres["pretrain_steps"], tres["pretrain_gap"][:, e], "o-", ms=3)
+        a0.plot(
+            tres["pretrain_steps"],
+            tres["pretrain_gap"][:, e],
+            "o-",
+            ms=3,
+            color=plt.cm.tab10(e),  # the seed's colour in the other panels and legend
+        )
     a0.set(
         yscale="log",
         xlabel="Adam step",
@@ -611,12 +656,22 @@ def plot_noise(tres: dict, sizes):
         ax.set_xticks(noise_x.tolist(), ["pre"] + [f"{v:.0e}" for v in tres["noise"]])
         ax.set_xlabel(r"noise level $\eta^2/B$ of continued SGD")
     a1.set(ylabel=r"encoder block of tr $\nabla^2 L_{pre}$", title="Encoder flatness")
-    a1.legend(fontsize=8)
-    a2.set(
-        ylabel=f"block accuracy (solid n = {sizes[-1]}, dashed n = {sizes[0]})",
-        title="Transfer",
+    a2.set(ylabel="block accuracy", title="Transfer")
+    # the probe sizes by style, in the band between them; the seeds (the colours of
+    # every panel) below the figure: inside, the curves would cross them
+    a2.legend(
+        handles=_styles(("o", "-", f"n = {sizes[-1]}"), ("s", "--", f"n = {sizes[0]}")),
+        loc="center right",
     )
-    fig.tight_layout()
+    fig.legend(
+        handles=[
+            plt.Line2D([], [], color=plt.cm.tab10(e), marker="o", label=f"seed {e}")
+            for e in range(E)
+        ],
+        loc="lower center",
+        ncol=E,
+    )
+    fig.tight_layout(rect=(0, 0.09, 1, 1))
     return fig
 
 
