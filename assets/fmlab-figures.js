@@ -11,7 +11,10 @@
     big.src = img.currentSrc || img.src;
     big.alt = img.alt || "";
     // the figures are 2x PNGs: full size is their drawn width in CSS pixels
-    var drawn = parseFloat(img.getAttribute("width")) || img.naturalWidth / 2;
+    var drawn =
+      parseFloat(img.style.width) ||
+      parseFloat(img.getAttribute("width")) ||
+      img.naturalWidth / 2;
     big.style.width = drawn + "px";
     layer.appendChild(big);
     function close() {
@@ -29,7 +32,10 @@
     var img = e.target;
     if (!(img instanceof HTMLImageElement)) return;
     if (!img.closest(".cell_output") || img.closest(".jupyter-widgets")) return;
-    if (img.closest("a")) return;
+    var link = img.closest("a");
+    // Sphinx links a sized figure to its PNG: open it over the page instead
+    if (link && !link.classList.contains("image-reference")) return;
+    e.preventDefault();
     open(img);
   });
 })();

@@ -497,8 +497,9 @@ def test_chapter_reads_on_a_phone(page, server, browser):
             )
             shown, drawn = driver.execute_script(
                 "const i = document.querySelector('.fmlab-figure-zoom img');"
-                "return [i.clientWidth, parseFloat(arguments[0].getAttribute('width'))"
-                " || arguments[0].naturalWidth / 2]",
+                "const f = arguments[0];"
+                "return [i.clientWidth, parseFloat(f.style.width)"
+                " || parseFloat(f.getAttribute('width')) || f.naturalWidth / 2]",
                 figures[0],
             )
             assert shown >= 0.95 * drawn, f"{page}: full size {shown} < {drawn} px"
