@@ -272,7 +272,9 @@ def _repro_notes(app, node, fromdocname):
             para = nodes.paragraph()
             para += nodes.literal(text=k)
             para += nodes.Text(" — this build: ")
-            para += nodes.Text(_key_line(k, reg["keys"][k], found).split(" = ")[-1])
+            unit = reg["keys"][k].get("unit", "")
+            value = _value_text(found[1].get("value"), unit) if found else None
+            para += nodes.Text(value or "not produced")
             para += nodes.Text("; " + _robustness_text(stored.get(k)) + ".")
             bullets += nodes.list_item("", para)
         if row["keys"]:

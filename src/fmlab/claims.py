@@ -266,9 +266,7 @@ class _Verdict:
         value, or its evidence when that is short."""
         r = self.record
         return (
-            r.headline
-            or _short(r.evidence)
-            or (r.kind + "ed" if r.kind == "check" else "")
+            r.headline or _short(r.evidence) or ("checked" if r.kind == "check" else "")
         )
 
     def _repr_html_(self) -> str:

@@ -123,9 +123,6 @@ def test_every_verdict_mark_links_to_its_row_on_the_claims_page(claims):
 def test_chapter_pages_fold_their_reproduction_notes():
     """Every chapter that reads as a lesson ends with its reproduction notes, folded,
     with the chapter's ledger rows."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).parent))
     from test_lesson import NOT_YET_LESSONS
 
     for name in CHAPTERS:

@@ -24,7 +24,6 @@ import json
 import os
 import re
 import secrets
-import shutil
 import signal
 import socket
 import subprocess
@@ -33,23 +32,19 @@ import time
 import urllib.request
 from pathlib import Path
 
+import chromium
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 EXECUTED = ROOT / "_build" / "executed"
 SHOTS = ROOT / "_build" / "screenshots"
-REQUIRED = os.environ.get("FMLAB_REQUIRE_BROWSER", "") not in ("", "0")
 PAGE = "notebooks/06-in-context-learning"
 # a sentence of the page with a glued number in it, and the key glued there
 GLUED_KEY = "ch6_bayes_k3"
 
 
 def _unavailable(reason: str):
-    message = f"JUPYTERLAB BROWSER TEST NOT RUN: {reason}"
-    print("\n" + "!" * 78 + f"\n{message}\n" + "!" * 78)
-    if REQUIRED:
-        pytest.fail(message + " (FMLAB_REQUIRE_BROWSER=1 makes this a failure)")
-    pytest.skip(message)
+    chromium.unavailable(reason, "JUPYTERLAB BROWSER TEST")
 
 
 def _bake_module():
@@ -69,12 +64,7 @@ def _free_port() -> int:
 
 
 def _wait(driver, script, timeout=60.0, what="condition"):
-    end = time.time() + timeout
-    while time.time() < end:
-        if driver.execute_script(script):
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+    chromium.wait(driver, script, timeout, what, poll=0.5)
 
 
 @pytest.fixture(scope="module")
@@ -199,35 +189,7 @@ def lab(baked, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
-    chrome = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver_path = shutil.which("chromedriver")
-    if not chrome or not driver_path:
-        _unavailable(
-            "Chromium and chromedriver are not installed "
-            "(apt-get install chromium chromium-driver)"
-        )
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-    except ImportError:
-        _unavailable("selenium is not installed in this environment")
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = chrome
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--disable-dev-shm-usage",
-        "--window-size=1280,1000",
-    ):
-        opts.add_argument(flag)
-    driver = webdriver.Chrome(
-        service=Service(executable_path=driver_path), options=opts
-    )
+    driver = chromium.driver(what="JUPYTERLAB BROWSER TEST")
     driver.set_page_load_timeout(90)
     driver.set_script_timeout(60)
     yield driver

@@ -91,7 +91,7 @@ def running_markdown(path: Path) -> list[tuple[int, str]]:
     return out
 
 
-def _without_roles_and_math(text: str) -> str:
+def _without_markup(text: str) -> str:
     """Markdown with the targets of roles ({doc}`...`, {ref}`...`, {glue:text}`...`),
     label lines and directive options removed: they are markup, not prose."""
     text = re.sub(r"\{[a-z:-]+\}`[^`]*`", " ", text)
@@ -103,7 +103,7 @@ def _without_roles_and_math(text: str) -> str:
 def lesson_problems(path: Path) -> list[str]:
     out = []
     for i, text in running_markdown(path):
-        prose = _without_roles_and_math(text)
+        prose = _without_markup(text)
         for name, rx in _BOOKKEEPING.items():
             m = rx.search(prose)
             if m:

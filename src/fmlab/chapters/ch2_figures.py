@@ -116,40 +116,33 @@ def plot_latent_class_training(result: LatentClassesResult):
         title=r"The interface: $L^\mu_{sup}\leq g(L_{un})$",
     )
     # one legend for both plots: the seeds by colour, the quantities by line style
-    black = PALETTE["black"]
-    handles = [
-        Line2D(
-            [], [], color=COLORS[i % len(COLORS)], marker="o", ms=4, label=f"seed {s}"
-        )
-        for i, s in enumerate(r.seeds)
-    ] + [
-        Line2D([], [], color=black, marker="o", ms=4, label="bound (middle)"),
-        Line2D(
-            [],
-            [],
-            color=black,
-            marker="s",
-            ms=4,
-            ls="--",
-            label=r"$L^\mu_{sup}$ (mean classifier)",
-        ),
-        Line2D(
-            [],
-            [],
-            color=black,
-            marker="^",
-            ms=4,
-            ls=":",
-            label=r"$L^\star_{adapt}$ (best head)",
-        ),
-        Line2D([], [], color=black, lw=1, ls="-.", label=r"$\ell(0)$"),
-        Line2D([], [], color=black, label="g (right)"),
-        Line2D(
-            [], [], color=black, marker="o", ls="", ms=4, label="checkpoint (right)"
-        ),
-    ]
-    fig.legend(handles=handles, loc="outside lower center", ncol=4)
+    _legend_below(
+        fig,
+        [f"seed {s}" for s in r.seeds],
+        [
+            dict(marker="o", label="bound (middle)"),
+            dict(marker="s", ls="--", label=r"$L^\mu_{sup}$ (mean classifier)"),
+            dict(marker="^", ls=":", label=r"$L^\star_{adapt}$ (best head)"),
+            dict(lw=1, ls="-.", label=r"$\ell(0)$"),
+            dict(label="g (right)"),
+            dict(marker="o", ls="", label="checkpoint (right)"),
+        ],
+        ncol=4,
+        marker="o",
+    )
     return fig
+
+
+def _legend_below(fig, colours, styles, *, ncol, marker=None):
+    """One legend under the panels (room reserved by the constrained layout): an entry
+    per colour of the palette, labelled by ``colours``, then one per line style, each a
+    dict of :class:`~matplotlib.lines.Line2D` keywords drawn in black unless it names
+    its colour."""
+    handles = [
+        Line2D([], [], color=COLORS[i % len(COLORS)], marker=marker, ms=4, label=lab)
+        for i, lab in enumerate(colours)
+    ] + [Line2D([], [], **{"color": PALETTE["black"], "ms": 4, **st}) for st in styles]
+    fig.legend(handles=handles, loc="outside lower center", ncol=ncol)
 
 
 def slack_table(result: LatentClassesResult):
@@ -214,31 +207,20 @@ def plot_slack(result: LatentClassesResult):
         ylabel="spread $s(f)$",
         title="Within-class spread",
     )
-    black = PALETTE["black"]
-    handles = [
-        Line2D([], [], color=COLORS[i % len(COLORS)], label=f"seed {s}")
-        for i, s in enumerate(r.seeds)
-    ] + [
-        Line2D(
-            [],
-            [],
-            color=black,
-            marker="o",
-            ms=4,
-            label=r"Jensen step: bound $-\,L^\mu_{sup}$",
-        ),
-        Line2D([], [], color=black, lw=1.2, ls="--", label="bound on the Jensen step"),
-        Line2D(
-            [],
-            [],
-            color=black,
-            marker="^",
-            ms=4,
-            ls=":",
-            label=r"mean-classifier step: $L^\mu_{sup}-L^\star_{adapt}$",
-        ),
-    ]
-    fig.legend(handles=handles, loc="outside lower center", ncol=3)
+    _legend_below(
+        fig,
+        [f"seed {s}" for s in r.seeds],
+        [
+            dict(marker="o", label=r"Jensen step: bound $-\,L^\mu_{sup}$"),
+            dict(lw=1.2, ls="--", label="bound on the Jensen step"),
+            dict(
+                marker="^",
+                ls=":",
+                label=r"mean-classifier step: $L^\mu_{sup}-L^\star_{adapt}$",
+            ),
+        ],
+        ncol=3,
+    )
     return fig
 
 
@@ -326,31 +308,18 @@ def plot_connectivity_sweep(sweep: SweepResult, trivial: float):
     axes[2].grid(False)
     fig.colorbar(im, ax=axes[2])
     # one legend for both line plots: the separations by colour, the curves by style
-    black = PALETTE["black"]
-    handles = [
-        Line2D([], [], color=COLORS[j % len(COLORS)], label=f"separation {sep}")
-        for j, sep in enumerate(sweep.separations)
-    ] + [
-        Line2D([], [], color=black, lw=1, ls="--", label="constant predictor (left)"),
-        Line2D(
-            [],
-            [],
-            color=PALETTE["blue"],
-            marker="o",
-            ms=4,
-            label=r"gap $\lambda_{k+1}$ (middle)",
-        ),
-        Line2D(
-            [],
-            [],
-            color=black,
-            marker="s",
-            ms=4,
-            ls="--",
-            label=r"leakage $\phi$ (middle)",
-        ),
-    ]
-    fig.legend(handles=handles, loc="outside lower center", ncol=4)
+    _legend_below(
+        fig,
+        [f"separation {sep}" for sep in sweep.separations],
+        [
+            dict(lw=1, ls="--", label="constant predictor (left)"),
+            dict(
+                color=PALETTE["blue"], marker="o", label=r"gap $\lambda_{k+1}$ (middle)"
+            ),
+            dict(marker="s", ls="--", label=r"leakage $\phi$ (middle)"),
+        ],
+        ncol=4,
+    )
     return fig
 
 
