@@ -449,7 +449,8 @@ def _headlines(app, fromdocname):
             link = nodes.paragraph()
             link += nodes.reference(
                 "",
-                numbered_text(app, r["statement"]),
+                "",
+                *statement_nodes(app, r["statement"]),
                 internal=True,
                 refuri=f"{uri}#{r['anchor']}",
             )
@@ -509,7 +510,8 @@ def _resolve(app, doctree, fromdocname):
                 para = nodes.paragraph()
                 para += nodes.reference(
                     "",
-                    numbered_text(app, r["statement"]),
+                    "",
+                    *statement_nodes(app, r["statement"]),
                     internal=True,
                     refuri=f"{uri}#{r['anchor']}",
                 )
@@ -977,6 +979,17 @@ def numbered_text(app, text: str) -> str:
     return _LABEL.sub(
         lambda m: targets[m.group(1)][2] if m.group(1) in targets else m.group(0), text
     )
+
+
+def statement_nodes(app, statement: str) -> list:
+    """A claim statement as nodes: its text with label ids as numbers, its inline
+    mathematics (between dollar signs) as math nodes, typeset like the prose."""
+    from fmlab.claims import statement_parts
+
+    return [
+        nodes.Text(numbered_text(app, text)) if kind == "text" else nodes.math(text, text)
+        for kind, text in statement_parts(statement)
+    ]
 
 
 _VERDICT_HREF = re.compile(r'class="fmlab-verdict" href="#([^"]+)"')

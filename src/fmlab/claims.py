@@ -15,6 +15,10 @@ Two kinds of claim (the ``kind`` argument):
   has the claimed sign.* :func:`finding` applies that rule to a sample of per-seed
   effects; a chapter that needs another rule states it next to the claim.
 
+A statement may carry inline mathematics between dollar signs, written in TeX as in the
+prose (``"the bound $L^\\star \\le \\varphi/\\lambda_{k+1}$ holds"``): the verdict line
+typesets it like the page's own formulas; the plain-text verdict keeps the TeX.
+
 A claim may carry a stable ``key`` (``"ch6.icl_gain_k3"``) and the ``value`` behind the
 verdict, so that the claims index (``_build/claims.json`` and the back-matter page
 "Every claim in this book") and other chapters can refer to it.
@@ -57,6 +61,9 @@ MARGIN_RULE = (
     "the mean effect over seeds exceeds its null value by more than 3 standard errors "
     "of the seed spread, and every seed has the claimed sign"
 )
+
+_MATH = re.compile(r"(?<!\\)\$(.+?)(?<!\\)\$")
+_DOLLAR = re.compile(r"(?<!\\)\$")
 
 _KEY = re.compile(r"^ch[0-9]+\.[a-z0-9_]+(\.[a-z0-9_]+)*$")
 _KINDS = ("finding", "check")
@@ -288,8 +295,38 @@ class _Verdict:
             f'title="{html.escape(title, quote=True)}" style="color:{colour};'
             f'font-weight:600;text-decoration:none">{self._mark()}'
             f"{' ' + number if number else ''}</a> "
-            f'<span class="fmlab-statement">{html.escape(r.statement)}</span></div>'
+            f'<span class="fmlab-statement">{statement_html(r.statement)}</span></div>'
         )
+
+
+def statement_parts(statement: str) -> list[tuple[str, str]]:
+    """A statement split into ``("text", ...)`` and ``("math", TeX)`` parts: inline
+    mathematics stands between dollar signs (``\\$`` is a literal dollar)."""
+    parts, last = [], 0
+    for match in _MATH.finditer(statement):
+        if match.start() > last:
+            parts.append(("text", statement[last : match.start()]))
+        parts.append(("math", match.group(1)))
+        last = match.end()
+    if last < len(statement):
+        parts.append(("text", statement[last:]))
+    return [
+        (kind, text.replace("\\$", "$") if kind == "text" else text)
+        for kind, text in parts
+    ]
+
+
+def statement_html(statement: str) -> str:
+    """The statement as HTML, its mathematics in the spans that the book's MathJax
+    typesets (the markup Sphinx gives inline math)."""
+    return "".join(
+        html.escape(text)
+        if kind == "text"
+        else '<span class="math notranslate nohighlight">\\('
+        + html.escape(text)
+        + "\\)</span>"
+        for kind, text in statement_parts(statement)
+    )
 
 
 def _short(evidence: str, limit: int = 60) -> str:
@@ -406,6 +443,11 @@ def _record(
 ) -> None:
     if not isinstance(statement, str) or not statement.strip():
         raise TypeError("statement must be a non-empty string")
+    if len(_DOLLAR.findall(statement)) % 2:
+        raise ValueError(
+            f"statement has an unmatched $ (inline mathematics stands between two; "
+            f"write \\$ for a dollar sign): {statement!r}"
+        )
     if not isinstance(evidence, str):
         raise TypeError(f"evidence must be a string, got {type(evidence).__name__}")
     value = _check_value(value)
@@ -673,7 +715,7 @@ class _ClaimsTable:
     def _repr_html_(self) -> str:
         rows = "".join(
             "<tr><td>{}</td><td>{}</td>".format(*_table_mark(r))
-            + f'<td><a href="#{r.anchor}">{html.escape(r.statement)}</a></td>'
+            + f'<td><a href="#{r.anchor}">{statement_html(r.statement)}</a></td>'
             + f"<td>{html.escape(r.evidence)}</td></tr>"
             for r in self.records
         )

@@ -25,6 +25,7 @@ __all__ = [
     "fig_to_png",
     "fit_to_column",
     "glue_figure",
+    "glue_texts",
     "text_collisions",
     "render_png",
     "slider_figure",
@@ -336,6 +337,22 @@ def fig_to_png(fig) -> bytes:
     data, _ = render_png(fig)
     plt.close(fig)
     return data
+
+
+def glue_texts(texts: Mapping[str, str]) -> None:
+    """Keep each text of ``texts`` under its name, for ``{glue:text}`name``` in the
+    prose (the numbers a page quotes, computed by the run)."""
+    from myst_nb import glue
+
+    if not isinstance(texts, Mapping):
+        raise TypeError(
+            f"texts must be a mapping name -> text, got {type(texts).__name__}"
+        )
+    for name, text in texts.items():
+        if not isinstance(name, str) or not isinstance(text, str):
+            kind = type(text).__name__
+            raise TypeError(f"texts must map names to strings; {name!r} maps to {kind}")
+        glue(name, text, display=False)
 
 
 def glue_figure(name: str, fig) -> None:

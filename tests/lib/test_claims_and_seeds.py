@@ -125,6 +125,31 @@ def test_claim_html_carries_the_record():
     assert json.loads(html.unescape(data))["statement"] == "a < b & c"
 
 
+def test_statement_math_is_typeset_like_the_prose():
+    """Inline TeX between dollar signs becomes the span MathJax typesets (Sphinx's
+    markup for inline math); a literal dollar is written \\$; the text keeps the TeX."""
+    from fmlab.claims import statement_html, statement_parts
+
+    s = r"costs \$5 when $L^\star_{k+1} < 2$ holds"
+    assert statement_parts(s) == [
+        ("text", "costs $5 when "),
+        ("math", r"L^\star_{k+1} < 2"),
+        ("text", " holds"),
+    ]
+    assert statement_html(s) == (
+        "costs $5 when "
+        r'<span class="math notranslate nohighlight">\(L^\star_{k+1} &lt; 2\)</span>'
+        " holds"
+    )
+    reset_claims()
+    claim(s, True, "e")
+    record = claims_table().records[-1]
+    assert statement_html(s) in _Verdict(record)._repr_html_()
+    assert s in repr(_Verdict(record))
+    with pytest.raises(ValueError, match=r"statement has an unmatched \$"):
+        claim("half $x", True, "e")
+
+
 @pytest.mark.parametrize(
     "kwargs, err, match",
     [

@@ -87,3 +87,20 @@ def test_table_text_has_no_trailing_padding():
 
     assert all(line == line.rstrip() for line in text("9.8").splitlines())
     assert text("9.8").replace("9.8", "T") == text("123.4").replace("123.4", "T")
+
+
+def test_glue_texts_keeps_each_text_and_names_bad_input(monkeypatch):
+    import myst_nb
+
+    from fmlab.viz import glue_texts
+
+    kept = {}
+    monkeypatch.setattr(
+        myst_nb, "glue", lambda name, text, display: kept.update({name: text})
+    )
+    glue_texts({"ch9_a": "1.5", "ch9_b": "2 of 3"})
+    assert kept == {"ch9_a": "1.5", "ch9_b": "2 of 3"}
+    with pytest.raises(TypeError, match="texts must be a mapping"):
+        glue_texts([("ch9_a", "1")])
+    with pytest.raises(TypeError, match="'ch9_c' maps to float"):
+        glue_texts({"ch9_c": 1.5})

@@ -24,6 +24,7 @@ from .ch2_interface import (
 )
 
 __all__ = [
+    "prose_connectivity",
     "plot_latent_class_training",
     "slack_table",
     "plot_slack",
@@ -524,6 +525,21 @@ def prose_latent_classes(result: LatentClassesResult) -> dict[str, str]:
         "ch2_mc_step_end": f"{(mean_clf - best)[:, -1].mean():.4f}",
         "ch2_best_ratio": f"{(best / mean_clf)[:, -1].mean():.2f}",
         "ch2_jensen_ratio": f"{(slack / result.jensen_bound)[:, -1].mean():.2f}",
+    }
+
+
+def prose_connectivity(
+    result: SweepResult, trivial: float, config: SweepConfig
+) -> dict[str, str]:
+    """Part II's numbers in the text about the connectivity sweep: in how many grid
+    cells the guarantee is informative (below ``trivial``), and the grid's sizes."""
+    _check("result", result, SweepResult)
+    _check("config", config, SweepConfig)
+    bound = result.bound
+    return {
+        "ch2_informative": f"{int((bound < trivial).sum())} of {bound.numel()}",
+        "ch2_cells": f"{bound.numel()}",
+        "ch2_points": f"{config.base.n_classes * config.base.points_per_class}",
     }
 
 
