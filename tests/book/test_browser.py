@@ -152,6 +152,13 @@ def test_page_in_browser(page, server, browser):
             "return document.querySelectorAll('mjx-merror').length"
         )
         assert errors == 0, f"{page}: {errors} formulas failed to typeset"
+        # every inline formula, those of the claim statements included, is typeset
+        raw = driver.execute_script(
+            "return [...document.querySelectorAll('span.math')]"
+            "  .filter(s => !s.querySelector('mjx-container'))"
+            "  .map(s => s.textContent.slice(0, 60))"
+        )
+        assert not raw, f"{page}: formulas left as TeX: {raw[:3]}"
 
     # widgets: rendered from the stored state, without a kernel
     has_widgets = "application/vnd.jupyter.widget-view+json" in source
