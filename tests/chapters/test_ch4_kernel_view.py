@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 import torch
 
+from fmlab.chapters import ch4_fewshot
 from fmlab.chapters import ch4_kernel_view as ch4
 from fmlab.data.sentiment_language import SentimentLanguage, SentimentLanguageConfig
 from fmlab.models.transformer import (
+    CLSClassifier,
     PromptClassifier,
     TinyTransformer,
     TransformerConfig,
@@ -109,12 +111,14 @@ def test_the_wide_grid_keeps_the_checkpoints_before_a_divergence(
             raise ch4.FineTuneDiverged("sgd", config.lr, 2, "the loss")
         return real(model, x, y, config, **kw)
 
-    monkeypatch.setattr(ch4, "fine_tune_logistic", diverge_after_first)
+    monkeypatch.setattr(ch4_fewshot, "fine_tune_logistic", diverge_after_first)
     every_lazy_diverged = [{"val_acc": -1.0, "val_loss": math.inf, "value": 1.0}]
     every_lazy_diverged[0]["diverged"] = True
     seen = []
     real_select = ch4._select
-    monkeypatch.setattr(ch4, "_select", lambda c: seen.extend(c) or real_select(c))
+    monkeypatch.setattr(
+        ch4_fewshot, "_select", lambda c: seen.extend(c) or real_select(c)
+    )
     best, diverged = ch4._wide_grid(
         prompt, data, "x_prompt", every_lazy_diverged, j_train, cfg, 0
     )
@@ -333,3 +337,57 @@ def test_stacked_pretraining_matches_separate_runs(tmp_path, monkeypatch):
         torch.testing.assert_close(model(x), alone(x), rtol=1e-3, atol=1e-3)
     with pytest.raises(ValueError, match="only in their seed"):
         ch4.pretrain_masked_lms_stacked((base, dataclasses.replace(base, lr=1e-3)))
+
+
+def test_start_measures_read_the_head_share_and_the_output_derivative(prompt, data):
+    from fmlab.theory.kernels import jacobian
+
+    x, y = data["train"].x_plain, data["train"].y
+    std0 = CLSClassifier(prompt.mlm, seed=0)  # a fresh head: Γ ~ N(0, I/d), c = 0
+    j = jacobian(std0, x)
+    f0 = ch4.outputs(std0, x)
+    got = ch4.start_measures(std0, j, f0, {"train": y})
+    # the head's gradient is (h_[CLS], 1): its share of tr K is Σ(|h|² + 1) / tr K
+    h = ch4.outputs(std0.mlm.hidden, x)[:, 0].double()
+    share = float((h.pow(2).sum(1) + 1).sum() / j.double().pow(2).sum())
+    assert got["head_share"] == pytest.approx(share, rel=1e-4)
+    chi = (y * torch.sigmoid(-y * f0)).abs().mean()
+    assert got["chi_train"] == pytest.approx(float(chi))
+    assert (
+        ch4.start_measures(
+            prompt,
+            jacobian(prompt, data["train"].x_prompt),
+            ch4.outputs(prompt, data["train"].x_prompt),
+            {"train": y},
+        )["head_share"]
+        == 0.0
+    )
+    with pytest.raises(ValueError, match="standard_head"):
+        ch4.KernelExperimentConfig(standard_head="zero")
+
+
+def test_the_batch1_signgd_analog_follows_a_small_signgd_run(prompt, data):
+    # Theorem 4.3 per example: at a small rate, a batch-1 SignGD run's test outputs are
+    # those of its A-SignGD kernel analog taken in the run's own order of examples
+    from fmlab.theory.kernels import jacobian
+
+    x = {s: data[s].x_prompt for s in ("train", "test")}
+    y = {s: data[s].y for s in ("train", "test")}
+    j = {s: jacobian(prompt, x[s]) for s in ("train", "test")}
+    f0 = {s: ch4.outputs(prompt, x[s]) for s in ("train", "test")}
+    lr, steps = 1e-4, 12  # 8 examples: one and a half passes, a reshuffle between
+    assert sorted(ch4.batch1_order(8, steps, 3)[:8]) == list(range(8))
+    tuned = ch4.fine_tune_logistic(
+        prompt,
+        x["train"],
+        y["train"],
+        ch4.LogisticFineTuneConfig("signgd", lr, steps, batch_size=1),
+        seed=3,
+    )
+    f_ft = ch4.outputs(tuned, x["test"]).double()
+    f_k = ch4.signgd_same_steps_outputs(j, f0, y, lr, steps, 3)
+    moved = (f_ft - f0["test"].double()).norm()
+    assert moved > 0
+    assert (f_ft - f_k).norm() / moved < 0.05
+    other = ch4.signgd_same_steps_outputs(j, f0, y, lr, steps, 4)  # another order
+    assert (f_ft - f_k).norm() < (f_ft - other).norm()

@@ -1,0 +1,756 @@
+"""Chapter 4, the few-shot runs: prompt-based and standard fine-tuning against their
+kernel analogs over shots and seeds, every hyperparameter chosen on validation data
+(:func:`run_kernel_experiment`, :func:`few_shot_runs`), and the grids they search.
+
+Re-exported by :mod:`fmlab.chapters.ch4_kernel_view`, which describes the chapter.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .._validate import check_choice, check_float, check_int
+from ..data.sentiment_language import SentimentLanguage
+from ..models.transformer import (
+    CLSClassifier,
+    PromptClassifier,
+)
+from ..repro import seed_everything
+from ..train import cached, progress
+from .ch4_kernel_behaviour import (
+    _kernel_fits,
+    _mean_diag,
+    kernel_behaviour,
+    same_steps_outputs,
+    signgd_same_steps_outputs,
+    start_measures,
+)
+from .ch4_world import (
+    FineTuneDiverged,
+    LogisticFineTuneConfig,
+    MLMPretrainConfig,
+    _scored,
+    _select,
+    few_shot_task,
+    fine_tune_logistic,
+    logistic_probe_head,
+    outputs,
+    pretrain_masked_lm,
+    sign_accuracy,
+    test_set,
+)
+
+__all__ = [
+    "KernelExperimentConfig",
+    "KernelExperiment",
+    "run_kernel_experiment",
+    "lazy_grid",
+    "wide_grid",
+    "FewShotRuns",
+    "few_shot_runs",
+    "METHODS",
+]
+
+
+# -- the experiment of the chapter
+# ------------------------------------------------------------
+@dataclass(frozen=True)
+class KernelExperimentConfig:
+    """Few-shot fine-tuning vs its kernel analogs, over shots and seeds.
+
+    Each run (a number of shots ``k`` and a seed) draws ``k`` training and ``k``
+    validation examples per class. Fine-tuning takes ``steps`` full-batch steps. The SGD
+    learning rate is :math:`\\eta = c / \\bar K`, with :math:`\\bar K` the mean of
+    :math:`K(x_i, x_i)` over the training set in that setting (LoRA uses its own kernel)
+    and :math:`c` chosen among ``sgd_lr_scales`` on the validation set; Adam's among
+    ``adam_lrs``; the kernel ridge :math:`\\lambda` (relative to :math:`\\bar K`) among
+    ``kernel_regs``; the ridge of the linear probe that the standard head starts from,
+    and of the bag-of-words baseline, among ``probe_regs``. Ties in validation accuracy
+    go to the lower validation loss. ``methods="sgd"`` runs only SGD fine-tuning and the
+    eNTK in both settings, the linear probe and the bag of words (no Adam, LoRA or
+    SignGD kernels), for the larger ``k`` where those are the comparisons that matter.
+
+    ``analog_lr_scale`` (with ``analog_adam_lr`` and ``analog_signgd_reg``), when set,
+    also records each run's fine-tuning at that fixed hyperparameter beside its own
+    kernel analogs, with no validation choice: SGD at :math:`c` against the eNTK trained
+    by the same ``T = steps`` gradient steps in function space (its step-matched analog,
+    in both settings) and against the eNTK at ridge :math:`1/(cT)` (a ridge standing in
+    for the stopping time), and Adam at ``analog_adam_lr`` against the asymmetric SignGD
+    kernel at ridge ``analog_signgd_reg``. They must be in the grids, since the recorded
+    numbers are those grid candidates.
+
+    ``wide_scales`` with ``wide_checkpoints`` add the paper's wide search to SGD-FT in
+    both settings: runs at each scale :math:`c`, read at each checkpoint (a step
+    count), join the grid's runs, and the validated choice among all of them is
+    recorded as ``"SGD-FT, wide grid"`` (its scale and step count in ``chosen``).
+
+    ``standard_head`` is where the standard setting's head starts: ``"random"``,
+    :math:`\\Gamma \\sim \\mathcal N(0, I/d)` drawn from the run's seed and
+    :math:`c = 0` (a fresh head, whose output derivative does not vanish: Remark 5.4
+    of the paper), or ``"probe"``, the linear-probing solution on the run's training
+    set. The probe is fitted and scored (``"LP"``) either way.
+
+    ``signgd_batch1_scale`` :math:`c`, when set (with ``methods="all"``), also records
+    a prompt-based SignGD run on one example per step, ``signgd_batch1_passes`` passes
+    over the training set with :math:`\\eta = c / \\overline{\\lVert g(x_i)\\rVert_1}`
+    (a step moves its own example's output by about :math:`c`), beside its
+    step-matched asymmetric SignGD kernel analog (Theorem 4.3 is a statement about one
+    example per step): ``"SignGD-FT, batch 1"`` and ``"K-A-SignGD, same steps"``.
+    """
+
+    shots: tuple[int, ...] = (4, 16)
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    n_test: int = 400
+    steps: int = 30
+    sgd_lr_scales: tuple[float, ...] = (2.0, 8.0, 32.0)
+    adam_lrs: tuple[float, ...] = (1e-4, 3e-4, 1e-3)
+    lora_rank: int = 8
+    kernel_regs: tuple[float, ...] = (1e-3, 1e-2, 1e-1, 1.0)
+    probe_regs: tuple[float, ...] = (1e-3, 1e-2, 1e-1, 1.0)
+    methods: str = "all"
+    analog_lr_scale: float | None = None
+    analog_adam_lr: float = 5e-5
+    analog_signgd_reg: float = 1 / 240
+    wide_scales: tuple[float, ...] = ()
+    wide_checkpoints: tuple[int, ...] = ()
+    standard_head: str = "random"
+    signgd_batch1_scale: float | None = None
+    signgd_batch1_passes: int = 2
+
+    def __post_init__(self):
+        for name in (
+            "shots",
+            "seeds",
+            "sgd_lr_scales",
+            "adam_lrs",
+            "kernel_regs",
+            "probe_regs",
+        ):
+            if not isinstance(getattr(self, name), tuple) or not getattr(self, name):
+                raise ValueError(f"{name} must be a non-empty tuple")
+        for k in self.shots:
+            check_int("shots", k, minimum=1)
+        for s in self.seeds:
+            check_int("seeds", s, minimum=0)
+        check_int("n_test", self.n_test, minimum=2)
+        check_int("steps", self.steps, minimum=1)
+        for name in ("sgd_lr_scales", "adam_lrs", "kernel_regs", "probe_regs"):
+            for v in getattr(self, name):
+                check_float(name, v, minimum=0.0, strict_min=True)
+        check_int("lora_rank", self.lora_rank, minimum=1)
+        check_choice("methods", self.methods, ("all", "sgd"))
+        check_choice("standard_head", self.standard_head, ("random", "probe"))
+        if self.signgd_batch1_scale is not None:
+            check_float("signgd_batch1_scale", self.signgd_batch1_scale, minimum=0.0)
+        check_int("signgd_batch1_passes", self.signgd_batch1_passes, minimum=1)
+        if not isinstance(self.wide_scales, tuple) or not isinstance(
+            self.wide_checkpoints, tuple
+        ):
+            raise ValueError("wide_scales and wide_checkpoints must be tuples")
+        if bool(self.wide_scales) != bool(self.wide_checkpoints):
+            raise ValueError(
+                "wide_scales and wide_checkpoints must be given together, got "
+                f"{self.wide_scales} and {self.wide_checkpoints}"
+            )
+        for v in self.wide_scales:
+            check_float("wide_scales", v, minimum=0.0, strict_min=True)
+        for t in self.wide_checkpoints:
+            check_int("wide_checkpoints", t, minimum=1)
+        if self.analog_lr_scale is not None:
+            if self.analog_lr_scale not in self.sgd_lr_scales:
+                raise ValueError(
+                    f"analog_lr_scale {self.analog_lr_scale} must be one of "
+                    f"sgd_lr_scales {self.sgd_lr_scales}"
+                )
+            self.analog_reg("sgd")  # raises when the analog ridge is not in the grid
+            if self.methods == "all":
+                if self.analog_adam_lr not in self.adam_lrs:
+                    raise ValueError(
+                        f"analog_adam_lr {self.analog_adam_lr} must be one of "
+                        f"adam_lrs {self.adam_lrs}"
+                    )
+                self.analog_reg("asymmetric_signgd")
+
+    def analog_reg(self, kernel: str) -> float:
+        """The entry of ``kernel_regs`` that is the kernel analog of the fixed
+        fine-tuning run: :math:`1/(cT)` for the eNTK, ``analog_signgd_reg`` for the
+        asymmetric SignGD kernel."""
+        target = (
+            1.0 / (self.analog_lr_scale * self.steps)
+            if kernel == "sgd"
+            else self.analog_signgd_reg
+        )
+        for reg in self.kernel_regs:
+            if math.isclose(reg, target, rel_tol=1e-9):
+                return reg
+        raise ValueError(
+            f"kernel_regs {self.kernel_regs} must contain the {kernel} analog ridge "
+            f"{target:.6g}"
+        )
+
+
+#: The methods of :func:`run_kernel_experiment`, by setting.
+METHODS = {
+    "prompt": (
+        "zero-shot",
+        "SGD-FT",
+        "K-SGD",
+        "Adam-FT",
+        "K-A-SignGD",
+        "K-SignGD",
+        "LoRA-SGD-FT",
+    ),
+    "standard": ("LP", "SGD-FT", "K-SGD"),
+    "bag of words": ("LR",),
+}
+
+
+@dataclass
+class KernelExperiment:
+    """Results of :func:`run_kernel_experiment`.
+
+    ``accuracy[(setting, method, k)]`` is a list over seeds of test accuracies (settings
+    and methods as in :data:`METHODS`); ``chosen[(setting, method, k)]`` the
+    hyperparameter picked on validation data, per seed. ``dynamics[(setting, optimizer,
+    k)]`` (optimizers ``"SGD"``, ``"Adam"``) is a dict of lists over seeds with
+    ``acc0``, ``acc_ft``, ``acc_lin``, ``gain_recovered``, ``lin_error`` and
+    ``kernel_change`` (see :func:`kernel_behaviour`) of the chosen run;
+    ``by_lr[(setting, k)]`` holds ``lin_error`` and ``kernel_change`` for every SGD
+    learning-rate scale (a list over seeds of lists over ``sgd_lr_scales``).
+    ``example[setting]`` holds the test outputs ``f0``, ``f_lin`` and ``f_ft`` (one per
+    learning-rate scale) of the first seed at the largest ``k``, for the figures.
+    """
+
+    config: KernelExperimentConfig
+    accuracy: dict = field(default_factory=dict)
+    chosen: dict = field(default_factory=dict)
+    dynamics: dict = field(default_factory=dict)
+    by_lr: dict = field(default_factory=dict)
+    example: dict = field(default_factory=dict)
+    diverged: dict = field(default_factory=dict)
+
+
+_DYNAMICS = (
+    "acc0",
+    "acc_ft",
+    "acc_lin",
+    "gain_recovered",
+    "lin_error",
+    "kernel_change",
+)
+
+
+def _fine_tune_grid(model0, data, x_key, configs, seed, *, dynamics=None):
+    """Fine-tune ``model0`` with every config; return the candidates scored on the
+    validation set (with test outputs), and the kernel behaviour of each when
+    ``dynamics`` (a dict of Jacobians and outputs at theta_0) is given."""
+    cands = []
+    for value, ft_config in configs:
+        try:
+            tuned = fine_tune_logistic(
+                model0,
+                getattr(data["train"], x_key),
+                data["train"].y,
+                ft_config,
+                seed=seed,
+            )
+        except FineTuneDiverged:
+            tuned = None
+        diverged = tuned is None
+        if diverged:  # a learning rate too large for this run: dropped and counted
+            cand = {"val_acc": -1.0, "val_loss": math.inf, "value": value}
+            cand["diverged"] = True
+            f_te = torch.zeros(data["test"].y.shape[0])
+            cand["test"] = f_te
+            if dynamics is not None:
+                nan = float("nan")
+                cand["stats"] = {
+                    **{m: nan for m in _DYNAMICS},
+                    "f0": dynamics["f0_te"],
+                    "f_ft": f_te,
+                    "f_lin": f_te,
+                }
+            cands.append(cand)
+            continue
+        f_val = outputs(tuned, getattr(data["val"], x_key))
+        cand = _scored(f_val, data["val"].y, value=value, model=tuned)
+        if dynamics is None:
+            cand["test"] = outputs(tuned, getattr(data["test"], x_key))
+        else:
+            stats = kernel_behaviour(
+                model0,
+                tuned,
+                getattr(data["train"], x_key),
+                getattr(data["test"], x_key),
+                data["test"].y,
+                **dynamics,
+            )
+            cand["test"] = stats["f_ft"]
+            cand["stats"] = stats
+        cands.append(cand)
+    return cands
+
+
+def _wide_grid(model0, data, x_key, lazy, j_train, config, seed) -> tuple[dict, int]:
+    """The validated choice among the grid's SGD runs ``lazy`` (candidates of
+    :func:`_fine_tune_grid`) and runs at each of ``config.wide_scales`` (learning rate
+    :math:`c/\\bar K`, ``j_train`` the training Jacobian), read at each of
+    ``config.wide_checkpoints``; also the number of those runs that diverged."""
+    j_scale = _mean_diag(j_train)
+    cands = [
+        {**c, "scale": c["value"], "steps": config.steps}
+        for c in lazy
+        if not c.get("diverged")
+    ]
+    diverged = 0
+    x_val, x_test = getattr(data["val"], x_key), getattr(data["test"], x_key)
+
+    def record(scale):
+        def on_checkpoint(t, model):  # the test set is read for the chosen one only
+            cand = _scored(outputs(model, x_val), data["val"].y, scale=scale, steps=t)
+            cand["state"] = copy.deepcopy(model.state_dict())
+            cands.append(cand)
+
+        return on_checkpoint
+
+    for scale in config.wide_scales:
+        ft = LogisticFineTuneConfig(
+            "sgd", scale / j_scale, max(config.wide_checkpoints)
+        )
+        try:
+            fine_tune_logistic(
+                model0,
+                getattr(data["train"], x_key),
+                data["train"].y,
+                ft,
+                seed=seed,
+                checkpoints=config.wide_checkpoints,
+                on_checkpoint=record(scale),
+            )
+        except FineTuneDiverged:  # its finite checkpoints stay candidates
+            diverged += 1
+    best = _select(cands)
+    if "test" not in best:
+        model = copy.deepcopy(model0)
+        model.load_state_dict(best["state"])
+        best["test"] = outputs(model.eval(), x_test)
+    return best, diverged
+
+
+def _one_run(mlm, lang, k, seed, config, test, prompt_test, z_test, bow_test):
+    """Every method of the chapter on one k-shot training set; see
+    :class:`KernelExperiment`."""
+    from ..adapt.lora import apply_lora
+    from ..theory.kernels import jacobian
+
+    data = {
+        "train": few_shot_task(lang, k, seed),
+        "val": few_shot_task(lang, k, seed, split="validation"),
+        "test": test,
+    }
+    y = {split: d.y for split, d in data.items()}
+    acc, chosen, dyn, by_lr, example, diverged = {}, {}, {}, {}, {}, {}
+    seed_everything(seed)
+
+    def count_diverged(setting, method, cands):
+        diverged[(setting, method)] = sum(bool(c.get("diverged")) for c in cands)
+
+    def analog(cands, value):
+        """Test accuracy of the grid candidate at ``value`` (it must not diverge)."""
+        (cand,) = [c for c in cands if c["value"] == value]
+        if cand.get("diverged"):
+            raise FineTuneDiverged("the analog run", float(value), -1, "its output")
+        return sign_accuracy(cand["test"], test.y)
+
+    def sgd_configs(j_train):
+        mean_diag = _mean_diag(j_train)
+        return [
+            (c, LogisticFineTuneConfig("sgd", c / mean_diag, config.steps))
+            for c in config.sgd_lr_scales
+        ]
+
+    def record_sgd(setting, cands):
+        count_diverged(setting, "SGD-FT", cands)
+        best = _select(cands)
+        acc[(setting, "SGD-FT")] = sign_accuracy(best["test"], test.y)
+        chosen[(setting, "SGD-FT")] = best["value"]
+        dyn[(setting, "SGD")] = {m: best["stats"][m] for m in _DYNAMICS}
+        by_lr[setting] = {
+            m: [c["stats"][m] for c in cands] for m in ("lin_error", "kernel_change")
+        }
+        example[setting] = {
+            "f0": cands[0]["stats"]["f0"],
+            "f_ft": torch.stack([c["stats"]["f_ft"] for c in cands]),
+            "f_lin": torch.stack([c["stats"]["f_lin"] for c in cands]),
+        }
+
+    def record_wide(setting, model0, x_key, lazy, j_train):
+        if not config.wide_scales:
+            return
+        best, n = _wide_grid(model0, data, x_key, lazy, j_train, config, seed)
+        diverged[(setting, "SGD-FT, wide grid")] = n
+        acc[(setting, "SGD-FT, wide grid")] = sign_accuracy(best["test"], test.y)
+        chosen[(setting, "SGD-FT, wide grid")] = best["scale"]
+        chosen[(setting, "SGD-FT, wide grid, steps")] = best["steps"]
+
+    # -- prompt-based
+    # -------------------------------------------------------------------
+    prompt0, j_te, f0_te = prompt_test
+    j = {"test": j_te}
+    f0 = {"test": f0_te}
+    for split in ("train", "val"):
+        j[split] = jacobian(prompt0, data[split].x_prompt)
+        f0[split] = outputs(prompt0, data[split].x_prompt)
+    acc[("prompt", "zero-shot")] = sign_accuracy(f0_te, test.y)
+    dyn[("prompt", "start")] = start_measures(prompt0, j["train"], f0["train"], y)
+    everything = config.methods == "all"
+    names = ("sgd", "asymmetric_signgd", "signgd") if everything else ("sgd",)
+    fits, every_fit = _kernel_fits(j, f0, y, config.kernel_regs, names)
+    for name, method in (
+        ("sgd", "K-SGD"),
+        ("asymmetric_signgd", "K-A-SignGD"),
+        ("signgd", "K-SignGD"),
+    ):
+        if name in fits:
+            acc[("prompt", method)], chosen[("prompt", method)] = fits[name]
+    dynamics = {"j_te": j_te, "j_tr0": j["train"], "f0_te": f0_te}
+    cands = _fine_tune_grid(
+        prompt0, data, "x_prompt", sgd_configs(j["train"]), seed, dynamics=dynamics
+    )
+    record_sgd("prompt", cands)
+    record_wide("prompt", prompt0, "x_prompt", cands, j["train"])
+    fixed = config.analog_lr_scale
+    if fixed is not None:  # the run at c and its own kernel analogs, no validation
+        acc[("prompt", "SGD-FT, fixed c")] = analog(cands, fixed)
+        acc[("prompt", "K-SGD, analog ridge")] = every_fit["sgd"][
+            config.analog_reg("sgd")
+        ]
+        acc[("prompt", "K-SGD, same steps")] = sign_accuracy(
+            same_steps_outputs(j, f0, y, fixed, config.steps).float(), y["test"]
+        )
+    if everything:
+        adam = [
+            (lr, LogisticFineTuneConfig("adam", lr, config.steps))
+            for lr in config.adam_lrs
+        ]
+        cands = _fine_tune_grid(prompt0, data, "x_prompt", adam, seed)
+        count_diverged("prompt", "Adam-FT", cands)
+        if fixed is not None:
+            acc[("prompt", "Adam-FT, fixed lr")] = analog(cands, config.analog_adam_lr)
+            acc[("prompt", "K-A-SignGD, analog ridge")] = every_fit[
+                "asymmetric_signgd"
+            ][config.analog_reg("asymmetric_signgd")]
+        if config.signgd_batch1_scale is not None:
+            steps = config.signgd_batch1_passes * len(y["train"])
+            lr = config.signgd_batch1_scale / float(j["train"].abs().sum(1).mean())
+            tuned = fine_tune_logistic(
+                prompt0,
+                data["train"].x_prompt,
+                y["train"],
+                LogisticFineTuneConfig("signgd", lr, steps, batch_size=1),
+                seed=seed,
+            )
+            acc[("prompt", "SignGD-FT, batch 1")] = sign_accuracy(
+                outputs(tuned, test.x_prompt), test.y
+            )
+            acc[("prompt", "K-A-SignGD, same steps")] = sign_accuracy(
+                signgd_same_steps_outputs(j, f0, y, lr, steps, seed).float(), test.y
+            )
+        best = _select(cands)
+        acc[("prompt", "Adam-FT")] = sign_accuracy(best["test"], test.y)
+        chosen[("prompt", "Adam-FT")] = best["value"]
+        stats = kernel_behaviour(  # the kernel behaviour of the chosen Adam run
+            prompt0,
+            best["model"],
+            data["train"].x_prompt,
+            test.x_prompt,
+            test.y,
+            **dynamics,
+        )
+        dyn[("prompt", "Adam")] = {m: stats[m] for m in _DYNAMICS}
+        lora = apply_lora(prompt0, config.lora_rank, seed=seed)
+        cands = _fine_tune_grid(
+            lora,
+            data,
+            "x_prompt",
+            sgd_configs(jacobian(lora, data["train"].x_prompt)),
+            seed,
+        )
+        count_diverged("prompt", "LoRA-SGD-FT", cands)
+        best = _select(cands)
+        acc[("prompt", "LoRA-SGD-FT")] = sign_accuracy(best["test"], test.y)
+        chosen[("prompt", "LoRA-SGD-FT")] = best["value"]
+
+    # -- standard: linear probe on [CLS], then fine-tune from it ----------------------
+    z = {"test": z_test}
+    for split in ("train", "val"):
+        z[split] = outputs(mlm.hidden, data[split].x_plain)[:, 0]
+    probe = logistic_probe_head(
+        z["train"], y["train"], z["val"], y["val"], config.probe_regs
+    )
+    acc[("standard", "LP")] = sign_accuracy(
+        (z_test.double() @ probe["w"] + probe["b"]).float(), test.y
+    )
+    chosen[("standard", "LP")] = probe["reg"]
+    if config.standard_head == "random":
+        std0 = CLSClassifier(mlm, seed=seed)
+    else:
+        std0 = CLSClassifier(mlm, head=(probe["w"], probe["b"]))
+    j, f0 = {}, {}
+    for split in ("train", "val", "test"):
+        j[split] = jacobian(std0, data[split].x_plain)
+        f0[split] = outputs(std0, data[split].x_plain)
+    dyn[("standard", "start")] = start_measures(std0, j["train"], f0["train"], y)
+    fits, _ = _kernel_fits(j, f0, y, config.kernel_regs, ("sgd",))
+    acc[("standard", "K-SGD")], chosen[("standard", "K-SGD")] = fits["sgd"]
+    dynamics = {"j_te": j["test"], "j_tr0": j["train"], "f0_te": f0["test"]}
+    cands = _fine_tune_grid(
+        std0, data, "x_plain", sgd_configs(j["train"]), seed, dynamics=dynamics
+    )
+    record_sgd("standard", cands)
+    record_wide("standard", std0, "x_plain", cands, j["train"])
+    if fixed is not None:
+        acc[("standard", "SGD-FT, fixed c")] = analog(cands, fixed)
+        acc[("standard", "K-SGD, same steps")] = sign_accuracy(
+            same_steps_outputs(j, f0, y, fixed, config.steps).float(), y["test"]
+        )
+    del j
+
+    # -- a bag of words
+    # -----------------------------------------------------------------
+    bow = {split: lang.bag_of_words(data[split].words) for split in ("train", "val")}
+    fit = logistic_probe_head(
+        bow["train"], y["train"], bow["val"], y["val"], config.probe_regs
+    )
+    acc[("bag of words", "LR")] = sign_accuracy(
+        (bow_test.double() @ fit["w"] + fit["b"]).float(), test.y
+    )
+    chosen[("bag of words", "LR")] = fit["reg"]
+    return acc, chosen, dyn, by_lr, example, diverged
+
+
+def _key(*parts) -> str:
+    return "|".join(str(p) for p in parts)
+
+
+def run_kernel_experiment(
+    pretrain: MLMPretrainConfig = MLMPretrainConfig(),
+    config: KernelExperimentConfig = KernelExperimentConfig(),
+) -> KernelExperiment:
+    """Fine-tune the masked LM pretrained with ``pretrain`` few-shot and fit the kernel
+    analogs, for every ``k`` in ``config.shots`` and seed in ``config.seeds``; see
+    :class:`KernelExperiment`. The results are computed once per (``pretrain``,
+    ``config``, seed offset) and then read from the on-disk cache."""
+    from ..theory.kernels import jacobian
+
+    if not isinstance(pretrain, MLMPretrainConfig):
+        raise TypeError(
+            f"pretrain must be a MLMPretrainConfig, got {type(pretrain).__name__}"
+        )
+    if not isinstance(config, KernelExperimentConfig):
+        raise TypeError(
+            f"config must be a KernelExperimentConfig, got {type(config).__name__}"
+        )
+
+    def build():
+        mlm, _ = pretrain_masked_lm(pretrain)
+        lang = SentimentLanguage(pretrain.language)
+        test = test_set(lang, config.n_test)
+        prompt0 = PromptClassifier(mlm, lang)
+        prompt_test = (
+            prompt0,
+            jacobian(prompt0, test.x_prompt),
+            outputs(prompt0, test.x_prompt),
+        )
+        z_test = outputs(mlm.hidden, test.x_plain)[:, 0]
+        bow_test = lang.bag_of_words(test.words)
+        entry = {
+            "accuracy": {},
+            "chosen": {},
+            "dynamics": {},
+            "by_lr": {},
+            "diverged": {},
+        }
+        runs = [(k, seed) for k in config.shots for seed in config.seeds]
+        for k, seed in progress(runs, total=len(runs), desc="few-shot runs"):
+            acc, chosen, dyn, by_lr, example, diverged = _one_run(
+                mlm, lang, k, seed, config, test, prompt_test, z_test, bow_test
+            )
+            for (setting, method), n in diverged.items():
+                key = _key(setting, method, k)
+                entry["diverged"][key] = entry["diverged"].get(key, 0) + n
+            for (setting, method), v in acc.items():
+                entry["accuracy"].setdefault(_key(setting, method, k), []).append(v)
+            for (setting, method), v in chosen.items():
+                entry["chosen"].setdefault(_key(setting, method, k), []).append(
+                    float(v)
+                )
+            for (setting, opt), stats in dyn.items():
+                d = entry["dynamics"].setdefault(_key(setting, opt, k), {})
+                for m, v in stats.items():
+                    d.setdefault(m, []).append(float(v))
+            for setting, stats in by_lr.items():
+                d = entry["by_lr"].setdefault(_key(setting, k), {})
+                for m, v in stats.items():
+                    d.setdefault(m, []).append([float(u) for u in v])
+            if seed == config.seeds[0] and k == max(config.shots):
+                entry["example"] = example
+        return entry
+
+    entry = cached(
+        {"pretrain": pretrain, "experiment": config},
+        build,
+        name="ch4_fewshot",
+    )
+
+    def split(key):
+        parts = key.split("|")
+        return (*parts[:-1], int(parts[-1]))
+
+    return KernelExperiment(
+        config=config,
+        accuracy={split(k): v for k, v in entry["accuracy"].items()},
+        chosen={split(k): v for k, v in entry["chosen"].items()},
+        dynamics={split(k): v for k, v in entry["dynamics"].items()},
+        by_lr={split(k): v for k, v in entry["by_lr"].items()},
+        example=entry["example"],
+        diverged={split(k): v for k, v in entry["diverged"].items()},
+    )
+
+
+def lazy_grid(steps: int) -> dict:
+    """The grids of lazy fine-tuning for ``steps`` full-batch steps: SGD scales
+    :math:`c \\in \\{1/2, 1, 2\\}` and the ridges :math:`1/(cT)` that match
+    :math:`c \\in \\{1/2, 1, 2, 4, 8\\}` (keyword arguments of
+    :class:`KernelExperimentConfig`)."""
+    steps = check_int("steps", steps, minimum=1)
+    regs = tuple(1 / (c * steps) for c in (0.5, 1, 2, 4, 8))
+    return dict(steps=steps, sgd_lr_scales=(0.5, 1.0, 2.0), kernel_regs=regs)
+
+
+def wide_grid(
+    steps: int,
+    scales: tuple[float, ...] = (4.0, 16.0, 64.0),
+    checkpoints: tuple[int, ...] = (30, 100),
+) -> dict:
+    """:func:`lazy_grid` widened for the validated comparison of the paper: SGD-FT
+    also runs at the larger ``scales``, read at each of ``checkpoints`` (step counts),
+    and the kernel's ridges are :math:`1/(ct)` for every fine-tuning candidate's scale
+    and step count, so that both sides search matching ranges (keyword arguments of
+    :class:`KernelExperimentConfig`)."""
+    grid = lazy_grid(steps)
+    for t in checkpoints:
+        check_int("checkpoints", t, minimum=1)
+    for c in scales:
+        check_float("scales", c, minimum=0.0, strict_min=True)
+    wide = {1 / (c * t) for c in scales for t in checkpoints}
+    regs = sorted(set(grid["kernel_regs"]) | wide, reverse=True)
+    return dict(
+        grid,
+        kernel_regs=tuple(regs),
+        wide_scales=tuple(float(c) for c in scales),
+        wide_checkpoints=tuple(int(t) for t in checkpoints),
+    )
+
+
+@dataclass
+class FewShotRuns:
+    """The experiments of :func:`few_shot_runs`, one per number of shots, merged.
+
+    ``accuracy[(setting, method, k)]``: test accuracies per run (an array);
+    ``dynamics[(setting, optimizer, k)][measure]``: the kernel-behaviour measures of
+    the chosen runs (arrays); ``by_lr[(setting, k)]``, ``chosen`` and ``examples[k]``
+    as in :class:`KernelExperiment`; ``diverged``: the fine-tuning candidates that
+    diverged (dropped), all runs together.
+    """
+
+    configs: tuple
+    accuracy: dict
+    dynamics: dict
+    by_lr: dict
+    chosen: dict
+    examples: dict
+    lr_scales: dict  # k -> the SGD learning-rate scales of its grid
+    diverged: int
+
+    @property
+    def shots(self) -> tuple[int, ...]:
+        return tuple(k for c in self.configs for k in c.shots)
+
+    def points(self, a: tuple[str, str], b: tuple[str, str], k: int) -> np.ndarray:
+        """Per-run difference of two (setting, method) test accuracies at ``k``, in
+        points (paired by run)."""
+        return 100 * (self.accuracy[(*a, k)] - self.accuracy[(*b, k)])
+
+    def log_ratio(self, measure: str, k: int) -> np.ndarray:
+        """log(standard / prompt) of a laziness measure in the SGD runs validation
+        chose, per run."""
+        return np.log(
+            self.dynamics[("standard", "SGD", k)][measure]
+            / self.dynamics[("prompt", "SGD", k)][measure]
+        )
+
+    def at_scale(
+        self, setting: str, measure: str, k: int, c: float = 1.0
+    ) -> np.ndarray:
+        """A laziness measure (``lin_error`` or ``kernel_change``) of the SGD run at
+        learning-rate scale ``c`` of the lazy grid, per run: the two settings compared
+        at a matched scale, with no validation choice."""
+        i = self.lr_scales[k].index(c)
+        return np.asarray(self.by_lr[(setting, k)][measure], dtype=float)[:, i]
+
+    def matched_log_ratio(self, measure: str, k: int, c: float = 1.0) -> np.ndarray:
+        """log(standard / prompt) of a laziness measure at the same learning-rate
+        scale ``c``, per run."""
+        return np.log(
+            self.at_scale("standard", measure, k, c)
+            / self.at_scale("prompt", measure, k, c)
+        )
+
+    def kernel_change_growth(self) -> np.ndarray:
+        """log(kernel change at the largest c / at the smallest), prompt-based SGD,
+        one value per run, every k in turn."""
+        return np.concatenate(
+            [
+                np.log(
+                    np.asarray(self.by_lr[("prompt", k)]["kernel_change"], dtype=float)
+                )[:, -1]
+                - np.log(
+                    np.asarray(self.by_lr[("prompt", k)]["kernel_change"], dtype=float)
+                )[:, 0]
+                for k in self.shots
+            ]
+        )
+
+
+def few_shot_runs(
+    pretrain: MLMPretrainConfig, configs: tuple[KernelExperimentConfig, ...]
+) -> FewShotRuns:
+    """:func:`run_kernel_experiment` for each config (cached), merged; see
+    :class:`FewShotRuns`."""
+    if not configs:
+        raise ValueError("configs must hold at least one KernelExperimentConfig")
+    res = {c.shots: run_kernel_experiment(pretrain, c) for c in configs}
+    return FewShotRuns(
+        configs=tuple(configs),
+        accuracy={
+            key: np.array(v) for r in res.values() for key, v in r.accuracy.items()
+        },
+        dynamics={
+            key: {m: np.array(v) for m, v in d.items()}
+            for r in res.values()
+            for key, d in r.dynamics.items()
+        },
+        by_lr={key: v for r in res.values() for key, v in r.by_lr.items()},
+        chosen={key: v for r in res.values() for key, v in r.chosen.items()},
+        examples={k: r.example for r in res.values() for k in r.config.shots},
+        lr_scales={
+            k: r.config.sgd_lr_scales for r in res.values() for k in r.config.shots
+        },
+        diverged=sum(n for r in res.values() for n in r.diverged.values()),
+    )
