@@ -987,7 +987,9 @@ def statement_nodes(app, statement: str) -> list:
     from fmlab.claims import statement_parts
 
     return [
-        nodes.Text(numbered_text(app, text)) if kind == "text" else nodes.math(text, text)
+        nodes.Text(numbered_text(app, text))
+        if kind == "text"
+        else nodes.math(text, text)
         for kind, text in statement_parts(statement)
     ]
 
