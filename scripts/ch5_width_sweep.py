@@ -2,10 +2,13 @@
 saturation on the untied language, each width's seeds as ensembles run in parallel
 processes; writes ``src/fmlab/chapters/results/ch5_width_sweep.json``, which the
 transformer page of Chapter 5 (``notebooks/05c-same-loss-transformer.ipynb``) reads
-(the sweep is too slow for the page's time budget).
+(the sweep is too slow for the page's time budget). The file records the fingerprint
+of the code that produced it (``fmlab.chapters.ch5_stored``): when that code changes,
+the page refuses the file and names this script.
 
     python scripts/ch5_width_sweep.py --jobs 12            # the stored sweep
     python scripts/ch5_width_sweep.py --widths 16 --seeds 2 --steps 50 --out /tmp/w.json
+    python scripts/ch5_width_sweep.py --restamp  # after a change that cannot move it
 
 Each job is one (width, chunk of seeds); a chunk of ``--per-job`` models trains as one
 ensemble from ``make_generator(1000 * (chunk + 1) + width)``.
@@ -48,6 +51,40 @@ def _job(args):
     return out
 
 
+def _restamp(path: Path) -> int:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+
+    from fmlab.chapters import ch5_stored as stored
+    from fmlab.chapters.ch5_sgd_noise import (
+        WIDTH_SWEEP_SLICE,
+        width_sweep_slice_check,
+        width_sweep_sources,
+    )
+
+    torch.set_num_threads(1)
+    sources = stored.fingerprint(width_sweep_sources())  # the code as it starts
+    changed = stored.changed_sources(path, sources)
+    if not changed:
+        print(f"{path} already records today's code")
+        return 0
+    t0 = time.time()
+    check = width_sweep_slice_check(path)
+    print(f"changed: {', '.join(changed)}; rerun of {WIDTH_SWEEP_SLICE}: {check}")
+    if not check["ok"]:
+        print("the job does not reproduce its record: rerun the whole sweep")
+        return 1
+    note = (
+        f"Restamped without a rerun: {', '.join(changed)} changed; the job "
+        f"{WIDTH_SWEEP_SLICE} rerun with today's code reproduced its record (largest "
+        f"differences: gap {check['gap']:.1e} nats, accuracy {check['accuracy']:.1e}, "
+        f"traces {check['trace_rel']:.1e} relative; {time.time() - t0:.0f} s)."
+    )
+    stored.restamp(path, sources=sources, note=note)
+    print(note)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--widths", type=int, nargs="+", default=[16, 32, 64, 128])
@@ -66,7 +103,19 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--jobs", type=int, default=os.cpu_count())
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument(
+        "--restamp",
+        action="store_true",
+        help="rerun one job of --out and, if it reproduces its record, record the "
+        "fingerprint of today's code on the file (for changes that cannot move it)",
+    )
     a = ap.parse_args(argv)
+    if a.restamp:
+        return _restamp(a.out)
+    from fmlab.chapters import ch5_stored as stored
+    from fmlab.chapters.ch5_sgd_noise import WIDTH_SWEEP_SCRIPT, width_sweep_sources
+
+    sources = stored.fingerprint(width_sweep_sources())  # the code as it starts
     per = (
         a.per_job if len(a.per_job) == len(a.widths) else a.per_job[:1] * len(a.widths)
     )
@@ -100,13 +149,16 @@ def main(argv=None) -> int:
         "cpus": os.cpu_count(),
         "wall_seconds": time.time() - t0,
     }
-    if a.append:
-        before = json.loads(a.out.read_text())
+    if a.append:  # only onto runs of the same code (else StaleResults: rerun all)
+        before = stored.load(a.out, script=WIDTH_SWEEP_SCRIPT, sources=sources)
         runs = before["runs"] + runs
         meta = {"earlier": before["meta"], **meta}
     runs.sort(key=lambda r: (r["width"], r.get("lr", config.pretrain_lr), r["chunk"]))
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps({"meta": meta, "runs": runs}, indent=1) + "\n")
+    # the file records the fingerprint of the code that produced it; the page's loader
+    # refuses it, naming this script, once that code changes
+    stored.write(
+        a.out, {"meta": meta, "runs": runs}, script=WIDTH_SWEEP_SCRIPT, sources=sources
+    )
     print(f"wrote {a.out} ({meta['wall_seconds']:.0f} s)")
     return 0
 

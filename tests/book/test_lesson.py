@@ -29,11 +29,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
-NOT_YET_LESSONS: set[str] = {
-    "04-kernel-view",
-    "05b-same-loss",
-    "05c-same-loss-transformer",
-}
+NOT_YET_LESSONS: set[str] = set()
 
 NOTES_HEADING = "## Reproduction notes"
 MIN_EXERCISES = 3

@@ -31,6 +31,10 @@ TINY = ch5.SameLossConfig(
     n_trace=6,
     n_bartlett=4,
     bartlett_probes=2,
+    recovery_steps=2,
+    recovery_batches=(8, 8),
+    recovery_sizes=(20, 40),
+    recovery_test=30,
 )
 
 

@@ -291,7 +291,8 @@ def test_the_width_sweep_script_writes_what_the_page_reads(tmp_path):
     out = tmp_path / "w.json"
     args = ["--widths", "16", "32", "--seeds", "2", "--per-job", "2", "--steps", "3"]
     assert sweep.main(args + ["--jobs", "1", "--out", str(out)]) == 0
-    res = width_sweep_results(out)
+    res = width_sweep_results(out)  # its fingerprint is today's code's
+    assert res["meta"]["stored"]["script"] == "scripts/ch5_width_sweep.py"
     assert set(k for k in res if k != "meta") == {(16, 0.01), (32, 0.01)}
     g = res[(16, 0.01)]
     assert g["gap"].shape == (2,) and g["accuracy"].shape == (2, 4)
@@ -309,7 +310,7 @@ def test_the_width_sweep_script_writes_what_the_page_reads(tmp_path):
         width_sweep_run(WidthSweepConfig(), 24, 0, 1)
     with pytest.raises(ValueError, match="widths"):
         WidthSweepConfig(widths=(15,))
-    with pytest.raises(FileNotFoundError, match="path"):
+    with pytest.raises(FileNotFoundError, match="run scripts/ch5_width_sweep.py"):
         width_sweep_results(tmp_path / "missing.json")
 
 
@@ -402,3 +403,57 @@ def test_embed_width_leaves_the_global_random_state_alone():
     torch.manual_seed(7)
     embed_width(m, 2 * CFG.d_model)
     assert torch.equal(torch.rand(3), before)
+
+
+def test_the_log_coordinate_trace_ignores_a_rescaling_that_keeps_the_function():
+    """Queries times c and keys divided by c (weights and biases) leave every logit
+    unchanged; the plain encoder trace moves, the trace in log coordinates does not."""
+    from fmlab.chapters.ch5_sgd_noise import bert_log_fisher_trace
+
+    model, tok = _model(), _tokens(40)
+    pos = torch.randint(0, 6, (40,), generator=torch.Generator().manual_seed(3))
+    d = CFG.d_model
+    scaled = EnsembleBert(CFG, n_models=2, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        for name in ("l0_qkv_w", "l0_qkv_b", "l1_qkv_w", "l1_qkv_b"):
+            getattr(scaled, name)[..., :d] *= 10.0
+            getattr(scaled, name)[..., d : 2 * d] /= 10.0
+        assert torch.allclose(
+            scaled.masked_logits(tok, pos), model.masked_logits(tok, pos), atol=1e-5
+        )
+
+    def traces(fn, m):
+        est = fn(m, tok, pos, generator=torch.Generator().manual_seed(4))
+        return est.per_block["encoder"].per_group
+
+    plain = traces(bert_fisher_trace, model), traces(bert_fisher_trace, scaled)
+    logs = traces(bert_log_fisher_trace, model), traces(bert_log_fisher_trace, scaled)
+    assert (plain[1] / plain[0] - 1).abs().min() > 0.02  # the plain trace moves
+    torch.testing.assert_close(logs[1], logs[0], rtol=1e-4, atol=1e-6)
+
+
+def test_partial_rank_correlation_removes_a_common_cause():
+    from fmlab.chapters.ch5_sgd_noise import partial_rank_correlation
+    from fmlab.theory.decomposition import spearman
+
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(400, generator=g, dtype=torch.float64)
+    x = z + 0.3 * torch.randn(400, generator=g, dtype=torch.float64)
+    y = -z + 0.3 * torch.randn(400, generator=g, dtype=torch.float64)
+    assert spearman(x, y) < -0.8  # both follow z
+    assert abs(partial_rank_correlation(x, y, z)) < 0.15  # nothing else links them
+    assert partial_rank_correlation(x, x + 0.01 * z, z) > 0.9
+    with pytest.raises(ValueError):
+        partial_rank_correlation(x[:3], y[:3], z[:3])
+
+
+def test_width_family_flatness_never_pools_two_learning_rates():
+    from fmlab.chapters.ch5_sgd_noise import width_family_flatness, width_sweep_results
+
+    res = width_sweep_results()
+    fam = width_family_flatness(res, res["meta"]["config"]["tolerance"], n_boot=20)
+    assert fam, "at least one learning rate has two widths at equal loss"
+    for lr, f in fam.items():
+        assert {k[1] for k in f["groups"]} == {lr} and len(f["groups"]) >= 2
+        assert f["n"] == 6 * len(f["groups"])
+        assert -1 <= f["partial"] <= 1 and f["partial_se"] > 0

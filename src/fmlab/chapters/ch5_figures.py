@@ -7,10 +7,9 @@ matplotlib ``Figure``, an :func:`fmlab.viz.table`, a slider or a dict of strings
 
 from __future__ import annotations
 
-import itertools
-
 import matplotlib.pyplot as plt
 import torch
+from matplotlib.lines import Line2D
 
 from ..claims import SeedEffect
 from ..theory.sgd_manifold import flow_trace
@@ -27,16 +26,14 @@ __all__ = [
     "plot_dyck",
     "plot_same_loss",
     "lookup_comparison_table",
-    "equal_loss_table",
-    "plot_equal_loss",
     "bartlett_table",
-    "checkpoint_slider",
     "noise_trace_table",
     "noise_accuracy_table",
     "plot_noise",
     "effects_table",
     "prose_equal_loss",
     "prose_noise",
+    "plot_recovery",
 ]
 
 
@@ -291,29 +288,17 @@ def plot_dyck(dyck: dict, config: DyckConfig):
 #: the models of the same-loss experiment: (label, accuracy key, gap key, colour)
 _MODELS = [
     ("look-up table", "lookup", None, "black"),
-    ("pretrained", "continue", "continue", "blue"),
-    ("SGD-continued", "continue", "continue", "sky"),
+    ("pretrained", "pretrained", "pretrained", "blue"),
     ("control (Adam)", "control", "control", "green"),
     ("adversarial", "adversarial", "adversarial", "red"),
 ]
 
 
 def _accuracies_and_gaps(res: dict):
-    E = res["continue_gap"].shape[1]
-    accs = [
-        res["lookup_accuracy"].expand(E, -1),
-        res["continue_accuracy"][0],
-        res["continue_accuracy"][-1],
-        res["control_accuracy"],
-        res["adversarial_accuracy"],
-    ]
-    gaps = [
-        torch.zeros(E),
-        res["continue_gap"][0],
-        res["continue_gap"][-1],
-        res["control_gap"],
-        res["adversarial_gap"],
-    ]
+    E = res["pretrained_gap"].shape[0]
+    accs = [res["lookup_accuracy"].expand(E, -1)]
+    accs += [res[f"{key}_accuracy"] for _, key, _, _ in _MODELS[1:]]
+    gaps = [torch.zeros(E)] + [res[f"{key}_gap"] for _, _, key, _ in _MODELS[1:]]
     return accs, gaps
 
 
@@ -415,121 +400,12 @@ def lookup_comparison_table(runs: dict, worlds):
     return table(rows, caption="Block accuracy of the ridge probe (no training)")
 
 
-def equal_loss_table(models: dict, res: dict):
-    """Trace per block and transfer of the models at equal loss (mean ± sd over
-    seeds), from :func:`fmlab.chapters.ch5_implicit_bias.equal_loss_models`."""
-    rows = [
-        {
-            "model": name,
-            "tr H (total)": mean_sd(tot),
-            "encoder": mean_sd(enc),
-            "head": mean_sd(head),
-            "head share": mean_sd(head / tot),
-            "accuracy": mean_sd(acc, "{:.3f}"),
-        }
-        for name, (tot, enc, head, acc) in models.items()
-    ]
-    se_enc = float(res["continue_trace_encoder_se"][0].max())
-    se_head = float(res["continue_trace_head_se"][0].max())
-    caption = (
-        "Mean ± sd over seeds. Standard error of one seed's estimate (pretrained): "
-        f"encoder {se_enc:.3f}, head {se_head:.3f}"
-    )
-    return table(rows, caption=caption)
-
-
 def _styles(*entries, ms: float = 6):
     """Grey legend handles for line styles, one per (marker, line style, label)."""
     return [
         plt.Line2D([], [], color="grey", marker=m, ms=ms, ls=ls, label=label)
         for m, ls, label in entries
     ]
-
-
-def plot_equal_loss(
-    res: dict, models: dict, sizes, big: int, small: int, tolerance: float
-):
-    """Along continued SGD: block traces, transfer, the head's weight norms; and the
-    encoder trace against transfer for the models at equal loss."""
-    fig, axes = plt.subplots(2, 2, figsize=(10, 7.0))
-    (a0, a1), (a2, a3) = axes
-    steps = res["continue_steps"]
-    accc = res["continue_accuracy"]
-    for e in range(accc.shape[1]):
-        col = plt.cm.tab10(e)
-        a0.plot(
-            steps,
-            res["continue_trace_head"][:, e],
-            "o-",
-            ms=3,
-            color=col,
-            label=f"head, seed {e}",
-        )
-        a0.plot(
-            steps,
-            res["continue_trace_encoder"][:, e],
-            "s--",
-            ms=3,
-            color=col,
-            label=f"encoder, seed {e}",
-        )
-        a1.plot(
-            steps,
-            accc[:, e, big],
-            "o-",
-            ms=3,
-            color=col,
-            label=f"seed {e}, n = {sizes[big]}",
-        )
-        a1.plot(steps, accc[:, e, small], "s--", ms=3, color=col, alpha=0.6)
-        a2.plot(steps, res["continue_norm_w2"][:, e], "o-", ms=3, color=col)
-        a2.plot(steps, res["continue_norm_w1"][:, e] / 5, "s--", ms=3, color=col)
-    a0.set(
-        xlabel="continued SGD step",
-        ylabel=r"tr $\nabla^2 L_{pre}$ of the block",
-        title="SGD flattens the head, sharpens the encoder",
-    )
-
-    # the seeds by colour (first row) and the blocks by style (second row), in the
-    # band between the two blocks; the legend fills its three columns one by one
-    seeds = [
-        plt.Line2D([], [], color=plt.cm.tab10(e), label=f"seed {e}")
-        for e in range(accc.shape[1])
-    ]
-    blocks = _styles(("o", "-", "head"), ("s", "--", "encoder"), ms=3)
-    a0.legend(
-        handles=[h for pair in itertools.zip_longest(seeds, blocks) for h in pair if h],
-        ncol=len(seeds),
-        loc="center",
-        bbox_to_anchor=(0.5, 0.36),
-    )
-    a1.set(
-        xlabel="continued SGD step",
-        ylabel="block accuracy",
-        title="…and transfer does not move",
-    )
-    a1.legend(
-        handles=_styles(
-            ("o", "-", f"n = {sizes[big]}"), ("s", "--", f"n = {sizes[small]}"), ms=3
-        ),
-        loc="center right",
-    )
-    a2.set(
-        xlabel="continued SGD step",
-        ylabel=r"$\|W_2\|$ (solid), $\|W_1\|/5$ (dashed)",
-        title="The head rebalances its two layers",
-    )
-    for name, col in zip(models, ["blue", "sky", "green", "red"]):
-        _, enc, _, acc = models[name]
-        a3.scatter(enc, acc, color=PALETTE[col], label=name, s=35)
-    a3.set(
-        xlabel=r"encoder block of tr $\nabla^2 L_{pre}$",
-        ylabel=f"block accuracy, n = {sizes[big]}",
-        title=f"Models at equal loss (gap < {tolerance})",
-    )
-    a3.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
 
 
 def bartlett_table(res: dict):
@@ -549,41 +425,6 @@ def bartlett_table(res: dict):
         f"{float(res['bartlett_hutchinson_se']):.2f}"
     )
     return table(rows, caption=caption)
-
-
-def checkpoint_slider(res: dict, big: int, size: int):
-    """A slider over the checkpoints of continued SGD: each seed's gap, head and
-    encoder trace and probe accuracy (``probe_sizes[big]``, which is ``size``)."""
-    steps = res["continue_steps"]
-    series = [
-        (res["continue_gap"], "gap (nats)", (0, 0.012)),
-        (res["continue_trace_head"], r"head tr $\nabla^2 L$", None),
-        (res["continue_trace_encoder"], r"encoder tr $\nabla^2 L$", None),
-        (res["continue_accuracy"][:, :, big], f"accuracy (n={size})", None),
-    ]
-
-    def render(step):
-        k = steps.tolist().index(step)
-        fig, axes = plt.subplots(1, 4, figsize=(9.0, 2.6))
-        for ax, (vals, name, lim) in zip(axes, series):
-            for e in range(vals.shape[1]):
-                ax.plot(steps, vals[:, e], color="grey", lw=0.8, alpha=0.6)
-                ax.plot([step], [vals[k, e]], "o", color=plt.cm.tab10(e), ms=7)
-            lo, hi = float(vals.min()), float(vals.max())
-            pad = 0.1 * (hi - lo) + 1e-9
-            ax.set(
-                title=f"{name}\n" + ", ".join(f"{float(v):.3g}" for v in vals[k]),
-                ylim=lim or (lo - pad, hi + pad),
-                xlabel="SGD step",
-            )
-            ax.title.set_fontsize(8)
-            ax.tick_params(labelsize=7)
-        fig.tight_layout()
-        return fig
-
-    return slider_figure(
-        render, {"step": steps.tolist()}, labels={"step": "checkpoint (SGD step)"}
-    )
 
 
 def _noise_names(tres: dict, lrs) -> list[str]:
@@ -701,23 +542,89 @@ def prose_equal_loss(res: dict, cfg, tolerance: float) -> dict[str, str]:
         "ch5_probe_test": f"{x.n_probe_test:,}",
         "ch5_gru_pre_steps": f"{x.pretrain_steps:,}",
         "ch5_gru_pre_batch": str(x.pretrain_batch),
-        "ch5_gru_cont_steps": f"{x.continue_steps:,}",
-        "ch5_gru_cont_lr": str(x.continue_lr),
-        "ch5_gru_cont_batch": str(x.continue_batch),
         "ch5_gru_adv_steps": str(x.adversarial_steps),
         "ch5_gru_reconv_steps": str(x.reconverge_steps),
         "ch5_gru_n_trace": f"{x.n_trace:,}",
         "ch5_tolerance": str(tolerance),
         "ch5_n_bartlett": f"{x.n_bartlett:,}",
-        "ch5_gru_noise": f"{x.continue_lr**2 / x.continue_batch:.1e}",
         "ch5_bartlett_probes": str(x.bartlett_probes),
         "ch5_entropy": f"{float(res['entropy'][0]):.3f}",
         "ch5_n_params": f"{n_gru:,}",
         "ch5_n_seeds": str(x.n_models),
-        "ch5_gap_ckpt": f"{float(res['continue_gap'][1:-1].max()):.4f}",
         "ch5_gap_compared": f"control {float(res['control_gap'].mean()):.4f} vs "
         f"adversarial {float(res['adversarial_gap'].mean()):.4f}",
+        "ch5_n_sgd_seeds": str(len(res["bartlett_fisher"])),
+        "ch5_rec_steps": f"{x.recovery_steps:,}",
+        "ch5_rec_arms": " and ".join(
+            f"learning rate {lr}, batch {b}"
+            for lr, b in zip(x.recovery_lrs, x.recovery_batches)
+        ),
+        "ch5_rec_noise": " and ".join(
+            f"{lr**2 / b:.1e}" for lr, b in zip(x.recovery_lrs, x.recovery_batches)
+        ),
     }
+
+
+def plot_recovery(res: dict, cfg, band: float):
+    """Plain SGD from the adversarial models in each arm: the gain in transfer (mean ±
+    s.e. over seeds at each probe size of the recovery), the loss gap minus its start
+    (within ``band``, shaded), and the encoder's trace at the start and the end, beside
+    the controls. One legend below the panels: colour is the arm, line style the probe
+    size."""
+    fig, axes = plt.subplots(1, 3, figsize=(12, 4.2))
+    steps = res["recovery_steps"]
+    cols = [PALETTE["sky"], PALETTE["blue"]]
+    E = res["adversarial_gap"].shape[0]
+    arms = list(zip(cfg.recovery_lrs, cfg.recovery_batches))
+    styles = ("-", "--")
+    for i, (lr, b) in enumerate(arms):
+        acc, gap = res[f"recovery{i}_accuracy"], res[f"recovery{i}_gap"]
+        for j, ls in enumerate(styles[: len(cfg.recovery_sizes)]):
+            a = acc[:, :, j] - acc[0, :, j]  # gain over the start, per seed
+            axes[0].errorbar(
+                steps,
+                a.mean(1),
+                yerr=a.std(1) / E**0.5,
+                fmt="o" + ls,
+                color=cols[i],
+                ms=3,
+                capsize=2,
+            )
+        axes[1].plot(steps, gap - gap[0], "o-", color=cols[i], ms=3, alpha=0.6)
+    axes[0].set(
+        xlabel="plain SGD step from the adversarial model",
+        ylabel="block accuracy minus the start's",
+        title="Transfer recovers",
+    )
+    axes[1].axhspan(-band, band, color="grey", alpha=0.15)
+    axes[1].set(
+        xlabel="plain SGD step",
+        ylabel="gap minus the start's gap (nats)",
+        title="…at the same loss (band: grey)",
+    )
+    names = ["adversarial"] + [f"lr {lr}, B {b}" for lr, b in arms] + ["control"]
+    vals = [res["adversarial_trace_encoder"]]
+    vals += [res[f"recovery{i}_trace_encoder"] for i in range(len(arms))]
+    vals.append(res["control_trace_encoder"])
+    for k, v in enumerate(vals):
+        axes[2].scatter(v, torch.full((len(v),), float(k)), color="grey", s=12)
+        axes[2].errorbar(float(v.mean()), k, xerr=float(v.std()), fmt="o", color="k")
+    axes[2].set_yticks(range(len(names)), names, fontsize=8)
+    axes[2].invert_yaxis()
+    axes[2].set(
+        xlabel=r"encoder block of tr $\nabla^2 L_{pre}$",
+        title="The encoder's trace",
+    )
+    handles = [
+        Line2D([], [], color=cols[i], marker="o", ms=3, label=f"SGD lr {lr}, batch {b}")
+        for i, (lr, b) in enumerate(arms)
+    ] + [
+        Line2D([], [], color="grey", ls=ls, label=f"probe n = {n:,}")
+        for n, ls in zip(cfg.recovery_sizes, styles)
+    ]
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    return fig
 
 
 def prose_noise(tres: dict, cfg) -> dict[str, str]:
@@ -1033,4 +940,100 @@ def prose_width_flatness(wres: dict, compared, equal, ranks: dict) -> dict[str, 
         e = SeedEffect.of(r["per_replicate"])
         texts[f"ch5_wf_rank_{block}"] = f"{r['pooled']:+.2f}"
         texts[f"ch5_wf_rank_{block}_rep"] = f"{e.mean:+.2f} ± {e.se:.2f}"
+    return texts
+
+
+def family_flatness_table(families: dict):
+    """Flatness against transfer within one learning rate of the stored width sweep
+    (page 05c): one row per trace and learning rate, ``families`` mapping a trace's name
+    to the result of :func:`~fmlab.chapters.ch5_sgd_noise.width_family_flatness`."""
+    rows = []
+    for name, fam in families.items():
+        for lr, f in fam.items():
+            rows.append(
+                {
+                    "trace": name,
+                    "learning rate": f"{lr:g}",
+                    "widths": ", ".join(str(k[0]) for k in f["groups"]),
+                    "models": f["n"],
+                    "rank corr. with accuracy": f"{f['rank']:+.2f} ± "
+                    f"{f['rank_se']:.2f}",
+                    "the same, given the gap": f"{f['partial']:+.2f} ± "
+                    f"{f['partial_se']:.2f}",
+                    "gap's rank corr. with accuracy": f"{f['gap_rank']:+.2f}",
+                }
+            )
+    return table(rows)
+
+
+def prose_family_flatness(families: dict) -> dict[str, str]:
+    """The numbers page 05c quotes on flatness within one learning rate of the width
+    sweep, for the rate with the most widths at equal loss: the rate, its widths, the
+    model count, the gap's rank correlation with the accuracy, and per trace
+    (``families``: name -> result of
+    :func:`~fmlab.chapters.ch5_sgd_noise.width_family_flatness`) the rank and partial
+    correlations with their standard errors."""
+    first = next(iter(families.values()))
+    lr = max(first, key=lambda r: (len(first[r]["groups"]), -r))
+    f = first[lr]
+    texts = {
+        "ch5_ff_lr": f"{lr:g}",
+        "ch5_ff_widths": ", ".join(str(k[0]) for k in f["groups"]),
+        "ch5_ff_n": str(f["n"]),
+        "ch5_ff_gap_rank": f"{f['gap_rank']:+.2f}",
+    }
+    for name, fam in families.items():
+        g = fam[lr]
+        texts[f"ch5_ff_{name}_rank"] = f"{g['rank']:+.2f} ± {g['rank_se']:.2f}"
+        texts[f"ch5_ff_{name}_partial"] = f"{g['partial']:+.2f} ± {g['partial_se']:.2f}"
+    return texts
+
+
+def size_sweep_table(sres: dict, compared):
+    """The stored size sweep of page 05c (``fmlab.chapters.ch5_size``): one row per
+    hidden size, with its parameters, gap and the probe's expected accuracy at every
+    probe size (mean ± sd over replicates), and whether it is among the ``compared``
+    sizes at equal loss."""
+    sizes = sres["meta"]["config"]["probe_sizes"]
+    rows = []
+    for h in sorted(k for k in sres if k != "meta"):
+        g = sres[h]
+        row = {
+            "hidden size": h,
+            "parameters": f"{g['n_params']:,}",
+            "gap (nats)": mean_sd(g["gap"], "{:.4f}"),
+        }
+        for j, n in enumerate(sizes):
+            row[f"n = {n:,}"] = mean_sd(g["accuracy"][:, j], "{:.3f}")
+        row["equal loss"] = "yes" if h in compared else ""
+        rows.append(row)
+    return table(rows)
+
+
+def prose_size(sres: dict, compared) -> dict[str, str]:
+    """The numbers page 05c quotes from the stored size sweep: its design (sizes,
+    replicates, steps, projection, tolerance), the Bayes accuracy, the compared sizes
+    and their gaps, and the gain of the largest over the smallest compared size at
+    every probe size (points, mean ± standard error over replicates)."""
+    cfg = sres["meta"]["config"]
+    sizes = sorted(k for k in sres if k != "meta")
+    lo, hi = sres[compared[0]], sres[compared[-1]]
+    texts = {
+        "ch5_sz_sizes": ", ".join(str(h) for h in sizes),
+        "ch5_sz_models": str(cfg["n_models"]),
+        "ch5_sz_steps": f"{cfg['steps']:,}",
+        "ch5_sz_batch": str(cfg["batch"]),
+        "ch5_sz_proj": str(cfg["projection"]),
+        "ch5_sz_tol": f"{cfg['tolerance']}",
+        "ch5_sz_bayes": f"{float(lo['bayes_accuracy']):.3f}",
+        "ch5_sz_compared": ", ".join(str(h) for h in compared),
+        "ch5_sz_gaps": ", ".join(f"{float(sres[h]['gap'].mean()):.4f}" for h in sizes),
+        "ch5_sz_acc_top": ", ".join(
+            f"{float(sres[h]['accuracy'][:, -1].mean()):.3f}" for h in compared
+        ),
+        "ch5_sz_minutes": f"{sum(float(sres[h]['seconds']) for h in sizes) / 60:.0f}",
+    }
+    for j, n in enumerate(cfg["probe_sizes"]):
+        e = SeedEffect.of(100 * (hi["accuracy"][:, j] - lo["accuracy"][:, j]))
+        texts[f"ch5_sz_gain_{n}"] = f"{e.mean:+.2f} ± {e.se:.2f}"
     return texts

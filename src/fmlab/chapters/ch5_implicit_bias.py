@@ -265,9 +265,16 @@ def ridge_probe_accuracy(
     test_labels: torch.Tensor,
     n_classes: int,
     ridge: float = 1e-2,
+    test_posterior: torch.Tensor | None = None,
 ) -> float:
     """Test accuracy of a ridge-regression classifier (one-hot targets) on standardised
     features.
+
+    With ``test_posterior`` (``(n_test, n_classes)``, the exact :math:`P(y\\mid x)` of
+    each test input) the score is the *expected* accuracy
+    :math:`\\frac1m\\sum_i P(y = \\hat y(x_i)\\mid x_i)`: the same population
+    accuracy as the plain one, estimated without the noise of the test labels
+    (``test_labels`` are then only checked for shape).
 
     The head solves :math:`\\min_W \\frac1n\\lVert \\tilde\\Phi W - Y\\rVert^2 +
     \\lambda\\lVert W\\rVert^2` in closed form, with :math:`\\tilde\\Phi` the features
@@ -298,7 +305,16 @@ def ridge_probe_accuracy(
             torch.linalg.solve(a @ a.T / n + ridge * torch.eye(n, dtype=a.dtype), Y) / n
         )
         scores = (b @ a.T) @ coef
-    return float((scores.argmax(1) == yte).double().mean())
+    pred = scores.argmax(1)
+    if test_posterior is not None:
+        post = check_tensor(
+            "test_posterior",
+            test_posterior,
+            shape=(fte.shape[0], n_classes),
+            floating=True,
+        )
+        return float(post.double().gather(1, pred[:, None]).mean())
+    return float((pred == yte).double().mean())
 
 
 def probe_curve(
@@ -309,11 +325,14 @@ def probe_curve(
     n_classes: int,
     sizes,
     ridge: float = 1e-2,
+    test_posterior: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Probe accuracy for each training size in ``sizes``: ``(len(sizes),)``.
 
     A size :math:`m` uses disjoint blocks of :math:`m` training rows (up to three) and
-    averages their accuracies, so small sizes are not hostage to one draw."""
+    averages their accuracies, so small sizes are not hostage to one draw. With
+    ``test_posterior`` each accuracy is the expected one under the exact posterior
+    (:func:`ridge_probe_accuracy`)."""
     out = []
     N = train_features.shape[0]
     for m in sizes:
@@ -327,6 +346,7 @@ def probe_curve(
                 test_labels,
                 n_classes,
                 ridge,
+                test_posterior,
             )
             for r in range(reps)
         ]
@@ -464,6 +484,17 @@ class SameLossConfig:
     adversarial_batch: int = 128
     reconverge_steps: int = 300
     reconverge_lr: float = 1e-3
+    # 4. recovery: plain SGD from the adversarial models, one run per (learning rate,
+    # batch): equal lr / batch keeps the stationary loss, lr² / batch sets the noise
+    recovery_lrs: tuple = (0.25, 0.5)
+    recovery_batches: tuple = (64, 128)
+    recovery_steps: int = 600
+    recovery_checkpoints: int = 2
+    recovery_sizes: tuple = (200, 3000)  # probe sizes along the recovery
+    recovery_test: int = 2000  # test sentences along the recovery (the first ones)
+    # the continued SGD of 2. and the Bartlett identity use the first ``sgd_models``
+    # members only (0: all), to keep the run short
+    sgd_models: int = 0
     # evaluation
     position: int = 5  # the downstream task: block of the hidden state at this position
     probe_sizes: tuple = (50, 200, 1000, 3000)
@@ -472,7 +503,7 @@ class SameLossConfig:
     n_gap: int = 3000
     n_trace: int = 1000
     trace_labels: int = 1
-    version: int = 2  # 2: traces per parameter block (changes what is cached)
+    version: int = 3  # 3: posterior-scored probes, the recovery runs
     n_bartlett: int = 200
     bartlett_probes: int = 24
 
@@ -484,8 +515,18 @@ class SameLossConfig:
             "position", self.position, minimum=0, maximum=self.language.length - 1
         )
         check_int("n_checkpoints", self.n_checkpoints, minimum=1)
-        if self.continue_steps % self.n_checkpoints:
+        if self.continue_steps % self.n_checkpoints:  # 0: no continued SGD
             raise ValueError("continue_steps must be a multiple of n_checkpoints")
+        check_int("sgd_models", self.sgd_models, minimum=0, maximum=self.n_models)
+        check_int("recovery_checkpoints", self.recovery_checkpoints, minimum=1)
+        if len(self.recovery_lrs) != len(self.recovery_batches):
+            raise ValueError(
+                "recovery_lrs and recovery_batches must have one entry each"
+            )
+        if self.recovery_steps % self.recovery_checkpoints:
+            raise ValueError(
+                "recovery_steps must be a multiple of recovery_checkpoints"
+            )
 
 
 def same_loss_experiment(config: SameLossConfig) -> dict:
@@ -500,12 +541,32 @@ def same_loss_experiment(config: SameLossConfig) -> dict:
     E)``, ``continue_accuracy`` ``(k, E, sizes)``; ``adversarial_gap``,
     ``adversarial_trace``, ``adversarial_trace_se``, ``adversarial_accuracy`` for the
     adversarial models and ``control_*`` for their control (the same optimiser and
-    schedule without the adversary); ``bartlett_*`` at the pretrained models: the trace
-    of the gradient covariance, the Fisher and Hutchinson traces."""
+    schedule without the adversary); ``recovery_steps`` and, for each learning rate of
+    ``recovery_lrs`` (index ``i``), ``recovery{i}_gap`` ``(k, E)`` and
+    ``recovery{i}_accuracy`` ``(k, E, recovery_sizes)`` (on the first ``recovery_test``
+    test sentences) along plain SGD from the adversarial models (row 0 is the
+    adversarial model), and ``recovery{i}_trace*`` at its end;
+    ``bartlett_*`` at the pretrained models: the trace of the gradient covariance, the
+    Fisher and Hutchinson traces. Every accuracy is the expected accuracy under the
+    exact posterior of the test inputs' blocks (:func:`ridge_probe_accuracy`). The
+    continued SGD and the Bartlett traces use the first ``sgd_models`` members."""
     if not isinstance(config, SameLossConfig):
         raise TypeError(f"config must be a SameLossConfig, got {type(config).__name__}")
     with single_threaded():
         return _same_loss_experiment(config)
+
+
+def _first_members(model: BiGRUMaskedLM, k: int) -> BiGRUMaskedLM:
+    """A copy of the first ``k`` members of an ensemble."""
+    if k == model.n_models:
+        return copy.deepcopy(model)
+    sub = BiGRUMaskedLM(
+        model.vocab_size, hidden=model.hidden, d_ff=model.d_ff, n_models=k
+    )
+    with torch.no_grad():
+        for p, q in zip(model.parameters(), sub.parameters()):
+            q.copy_(p[:k])
+    return sub
 
 
 def _same_loss_experiment(config: SameLossConfig) -> dict:
@@ -520,14 +581,26 @@ def _same_loss_experiment(config: SameLossConfig) -> dict:
     tr_tok, tr_h = lang.sample(n_train, make_generator(10_003))
     te_tok, te_h = lang.sample(c.n_probe_test, make_generator(10_004))
     ytr, yte = tr_h[:, c.position] // S, te_h[:, c.position] // S
+    te_post = lang.block_posterior(te_tok)[:, c.position]  # exact P(block | sentence)
 
     def curve(ftr, fte):
-        return probe_curve(ftr, ytr, fte, yte, K, c.probe_sizes, c.probe_ridge)
+        return probe_curve(ftr, ytr, fte, yte, K, c.probe_sizes, c.probe_ridge, te_post)
 
-    def evaluate(model, label_seed):
+    def transfer(model, short=False):
+        m = c.recovery_test if short else len(te_tok)
         with torch.no_grad():
             ftr = model.features(tr_tok).flatten(2).double()
-            fte = model.features(te_tok).flatten(2).double()
+            fte = model.features(te_tok[:m]).flatten(2).double()
+        sizes = c.recovery_sizes if short else c.probe_sizes
+        acc = [
+            probe_curve(
+                ftr[e], ytr, fte[e], yte[:m], K, sizes, c.probe_ridge, te_post[:m]
+            )
+            for e in range(model.n_models)
+        ]
+        return {"gap": kl_gap(model, gap_tok, gap_cond), "accuracy": torch.stack(acc)}
+
+    def evaluate(model, label_seed):
         tr = mlm_fisher_trace(
             model,
             trace_tok,
@@ -535,14 +608,9 @@ def _same_loss_experiment(config: SameLossConfig) -> dict:
             generator=make_generator(label_seed),
             blocks=GRU_BLOCKS,
         )
-        out = {
-            "gap": kl_gap(model, gap_tok, gap_cond),
-            "trace": tr.per_group.double(),
-            "trace_se": tr.per_group_stderr.double(),
-            "accuracy": torch.stack(
-                [curve(ftr[e], fte[e]) for e in range(model.n_models)]
-            ),
-        }
+        out = transfer(model)
+        out["trace"] = tr.per_group.double()
+        out["trace_se"] = tr.per_group_stderr.double()
         for block, est in tr.per_block.items():
             out[f"trace_{block}"] = est.per_group.double()
             out[f"trace_{block}_se"] = est.per_group_stderr.double()
@@ -554,9 +622,7 @@ def _same_loss_experiment(config: SameLossConfig) -> dict:
     out: dict = {}
     ent, ent_se = lang.optimal_mlm_loss()
     out["entropy"] = torch.tensor([ent, ent_se])
-    out["bayes_accuracy"] = torch.tensor(
-        float(lang.block_posterior(te_tok)[:, c.position].max(-1).values.mean())
-    )
+    out["bayes_accuracy"] = torch.tensor(float(te_post.max(-1).values.mean()))
     out["lookup_accuracy"] = curve(
         lang.masked_conditionals(tr_tok).flatten(1),
         lang.masked_conditionals(te_tok).flatten(1),
@@ -596,25 +662,30 @@ def _same_loss_experiment(config: SameLossConfig) -> dict:
     out["pretrain_gap"] = torch.stack(curve_gap)
     pretrained = copy.deepcopy(model)
 
-    # 2. continued training with SGD, evaluated at checkpoints
-    records = [evaluate(model, 20_000)]
-    every = c.continue_steps // c.n_checkpoints
-    train_phase(
-        model,
-        lang,
-        steps=c.continue_steps,
-        batch=c.continue_batch,
-        lr=c.continue_lr,
-        optimizer="sgd",
-        cosine=False,
-        generator=make_generator(c.seed + 2),
-        every=every,
-        callback=lambda step: records.append(evaluate(model, 20_000 + step)),
-        desc="continued training",
-    )
-    out["continue_steps"] = torch.arange(0, c.continue_steps + 1, every)
-    for key in records[0]:
-        out[f"continue_{key}"] = torch.stack([r[key] for r in records])
+    for key, val in evaluate(pretrained, 20_000).items():
+        out[f"pretrained_{key}"] = val
+
+    # 2. continued training with SGD, evaluated at checkpoints (first members only)
+    if c.continue_steps:
+        model = _first_members(pretrained, c.sgd_models or c.n_models)
+        records = [evaluate(model, 20_000)]
+        every = c.continue_steps // c.n_checkpoints
+        train_phase(
+            model,
+            lang,
+            steps=c.continue_steps,
+            batch=c.continue_batch,
+            lr=c.continue_lr,
+            optimizer="sgd",
+            cosine=False,
+            generator=make_generator(c.seed + 2),
+            every=every,
+            callback=lambda step: records.append(evaluate(model, 20_000 + step)),
+            desc="continued training",
+        )
+        out["continue_steps"] = torch.arange(0, c.continue_steps + 1, every)
+        for key in records[0]:
+            out[f"continue_{key}"] = torch.stack([r[key] for r in records])
 
     # 3. the adversary, then plain re-convergence; and its control without the adversary
     for name, weight in (("adversarial", c.adversarial_weight), ("control", 0.0)):
@@ -644,8 +715,37 @@ def _same_loss_experiment(config: SameLossConfig) -> dict:
         )
         for key, val in evaluate(m, 30_000).items():
             out[f"{name}_{key}"] = val
+        if name == "adversarial":
+            adversarial = m
 
-    # 4. the Bartlett identity at the pretrained models: three traces
+    # 4. recovery: plain SGD from the adversarial models, at each learning rate
+    every = c.recovery_steps // c.recovery_checkpoints
+    out["recovery_steps"] = torch.arange(0, c.recovery_steps + 1, every)
+    start = transfer(adversarial, short=True)
+    for i, (lr, b) in enumerate(zip(c.recovery_lrs, c.recovery_batches)):
+        m = copy.deepcopy(adversarial)
+        rec = [start]
+        train_phase(
+            m,
+            lang,
+            steps=c.recovery_steps,
+            batch=b,
+            lr=lr,
+            optimizer="sgd",
+            cosine=False,
+            generator=make_generator(c.seed + 4),
+            every=every,
+            callback=lambda step, m=m, rec=rec: rec.append(transfer(m, True)),
+            desc=f"recovery (lr {lr})",
+        )
+        for key in rec[0]:
+            out[f"recovery{i}_{key}"] = torch.stack([r[key] for r in rec])
+        for key, val in evaluate(m, 50_000).items():
+            if key.startswith("trace") or key.startswith("norm"):
+                out[f"recovery{i}_{key}"] = val
+
+    # 5. the Bartlett identity at the pretrained models: three traces
+    pretrained = _first_members(pretrained, c.sgd_models or c.n_models)
     btok = trace_tok[: c.n_bartlett]
     out["bartlett_covariance"] = mlm_gradient_covariance_trace(pretrained, btok)
     hut = mlm_hutchinson_trace(
@@ -672,12 +772,13 @@ def equal_loss_models(result: dict, size_index: int) -> dict:
     ``name -> (total trace, encoder trace, head trace, accuracy)`` per seed, with the
     probe accuracy at ``probe_sizes[size_index]``: the pretrained models, the
     SGD-continued ones (the last checkpoint), the Adam-continued controls and the
-    adversarial models."""
+    adversarial models (their first members, those that were also SGD-continued)."""
     r, j = result, size_index
+    k = r["continue_gap"].shape[1]
 
     def blocks(prefix):
         return tuple(
-            r[f"{prefix}_{k}"] for k in ("trace", "trace_encoder", "trace_head")
+            r[f"{prefix}_{b}"][:k] for b in ("trace", "trace_encoder", "trace_head")
         )
 
     cont = blocks("continue")
@@ -685,8 +786,8 @@ def equal_loss_models(result: dict, size_index: int) -> dict:
         "pretrained": tuple(t[0] for t in cont) + (r["continue_accuracy"][0, :, j],),
         "SGD-continued": tuple(t[-1] for t in cont)
         + (r["continue_accuracy"][-1, :, j],),
-        "control (Adam)": blocks("control") + (r["control_accuracy"][:, j],),
-        "adversarial": blocks("adversarial") + (r["adversarial_accuracy"][:, j],),
+        "control (Adam)": blocks("control") + (r["control_accuracy"][:k, j],),
+        "adversarial": blocks("adversarial") + (r["adversarial_accuracy"][:k, j],),
     }
 
 

@@ -30,7 +30,6 @@ difference in flatness is in the encoder.
 from __future__ import annotations
 
 import copy
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +52,7 @@ from ..repro import make_generator, single_threaded
 from ..theory.decomposition import spearman
 from ..theory.flatness import TraceEstimate, fisher_trace
 from ..train import cached, train_scheduled
+from . import ch5_stored as stored
 from .ch5_implicit_bias import probe_curve
 
 __all__ = [
@@ -62,7 +62,11 @@ __all__ = [
     "bert_fisher_trace",
     "head_trace_closed_form",
     "train_bert",
+    "bert_log_fisher_trace",
+    "noise_family_flatness",
     "noise_transfer_experiment",
+    "partial_rank_correlation",
+    "width_family_flatness",
     "noise_transfer",
     "trace_transfer_rank_correlation",
     "width_lr_pairs",
@@ -152,6 +156,53 @@ def bert_fisher_trace(
         generator=generator,
         groups=model.n_models,
         blocks=blocks,
+    )
+
+
+def bert_log_fisher_trace(
+    model: EnsembleBert,
+    tokens: torch.Tensor,
+    positions: torch.Tensor,
+    *,
+    generator: torch.Generator,
+) -> TraceEstimate:
+    r"""The estimate of :func:`bert_fisher_trace` in logarithmic coordinates,
+    :math:`\sum_i w_i^2\,\mathbb{E}[(\partial_{w_i}\log p_\theta)^2]`, per block and
+    member: the trace of the Fisher after the change of variables
+    :math:`w_i = w_i^{(0)} e^{u_i}`, at :math:`u = 0`. Unlike the plain trace it does
+    not move under a rescaling of the weights that keeps the function (every
+    :math:`w_i\to c_i w_i` with :math:`f_{c\odot w} = f_w`: the queries times
+    :math:`c` and the keys divided by it, or the token and position embeddings times
+    :math:`c` before a normalisation without gain), since
+    :math:`c_i w_i\,\partial_{c_i w_i} = w_i\,\partial_{w_i}` there."""
+    _check_model(model)
+    tokens = model.check_tokens(tokens)[0]
+    T = model.config.length
+    if positions.shape != tokens.shape[:1]:
+        raise ValueError("positions must have shape (n,) matching tokens (n, T)")
+    wrap = _Masked(model)
+    base = {k: v.detach() for k, v in wrap.named_parameters()}
+    zeros = {k: torch.zeros_like(v) for k, v in base.items()}
+    inputs = torch.cat([tokens, positions[:, None]], dim=1)
+
+    def weights(u):
+        return {k: base[k] * u[k].exp() for k in base}
+
+    def logits_fn(u, xp):
+        return functional_call(wrap, weights(u), (xp[:, :T], xp[:, T]))
+
+    def log_prob(u, xp, y):
+        lg = functional_call(wrap, weights(u), (xp[None, :T], xp[None, T]))[:, 0]
+        return F.log_softmax(lg, dim=-1).gather(-1, y[:, None]).sum()
+
+    return fisher_trace(
+        log_prob,
+        logits_fn,
+        zeros,
+        inputs,
+        generator=generator,
+        groups=model.n_models,
+        blocks=bert_blocks,
     )
 
 
@@ -295,7 +346,10 @@ def noise_transfer_experiment(config: NoiseTransferConfig) -> dict:
     ``entropy``; ``bayes_accuracy``; ``pretrain_steps``/``pretrain_gap`` (the gap along
     pretraining, ``(k, E)``); for the models ``gap`` ``(M, E)``, ``trace`` (total),
     ``trace_encoder``, ``trace_head`` and their ``*_se`` ``(M, E)``,
-    ``head_closed_form`` ``(M, E)`` and ``accuracy`` ``(M, E, sizes)``; ``noise`` (the
+    ``head_closed_form`` ``(M, E)``, the encoder's and decoder's traces in
+    logarithmic coordinates ``trace_log_encoder``, ``trace_log_head``
+    (:func:`bert_log_fisher_trace`, on the first third of the trace sentences) and
+    ``accuracy`` ``(M, E, sizes)``; ``noise`` (the
     :math:`\\eta^2/B` of each continued run); ``n_params``; and
     ``head_language_constant``, :math:`(d+1)\\,\\mathbb{E}[1-\\lVert p^\\star\\rVert^2]`
     over the same (sentence, position) pairs: the decoder's trace of any saturated
@@ -367,7 +421,16 @@ def _noise_transfer_experiment(config: NoiseTransferConfig) -> dict:
     te_tok = sets["test"][0]
 
     def evaluate(model, label_seed):
-        return _evaluate(model, sets, c, label_seed)
+        out = _evaluate(model, sets, c, label_seed)
+        logtr = bert_log_fisher_trace(  # on the first third of the trace sentences
+            model,
+            trace_tok[: c.n_trace // 3],
+            trace_pos[: c.n_trace // 3],
+            generator=make_generator(label_seed),
+        )
+        for block, est in logtr.per_block.items():
+            out[f"trace_log_{block}"] = est.per_group.double()
+        return out
 
     out: dict = {}
     ent, ent_se = lang.optimal_mlm_loss()
@@ -586,6 +649,43 @@ def _embedded_traces(model: EnsembleBert, width: int, sets: dict, label_seed: in
 
 
 WIDTH_SWEEP_RESULTS = Path(__file__).parent / "results" / "ch5_width_sweep.json"
+WIDTH_SWEEP_SCRIPT = "scripts/ch5_width_sweep.py"
+
+
+def width_sweep_sources() -> list:
+    """The code that produces the stored width sweep, for its fingerprint
+    (:mod:`fmlab.chapters.ch5_stored`): the script, the run and its measurements, the
+    training loop, the model, the language, the traces and the probe. The analysis
+    functions that read the sweep are not among them."""
+    from ..data import hmm_language
+    from ..models import bert
+    from ..repro import effective_seed
+    from ..theory import flatness
+    from ..train import train_scheduled
+    from .ch5_implicit_bias import ridge_probe_accuracy
+
+    root = Path(__file__).resolve().parents[3]
+    return [
+        root / WIDTH_SWEEP_SCRIPT,
+        WidthSweepConfig,
+        width_sweep_run,
+        _evaluation_sets,
+        _evaluate,
+        _embedded_traces,
+        train_bert,
+        train_scheduled,
+        bert_kl_gap,
+        bert_fisher_trace,
+        _Masked,
+        head_trace_closed_form,
+        probe_curve,
+        ridge_probe_accuracy,
+        make_generator,
+        effective_seed,
+        bert,
+        hmm_language,
+        flatness,
+    ]
 
 
 def width_sweep_results(path: Path | str | None = None) -> dict:
@@ -595,13 +695,20 @@ def width_sweep_results(path: Path | str | None = None) -> dict:
     traces of the members embedded at the largest width (``trace_embedded_encoder``,
     ``trace_embedded_head``) with the ``embedding_error`` (largest logit change), the
     jobs' ``seconds`` and ``n_params``; ``"meta"`` holds the sweep's configuration and
-    the machine it ran on."""
+    the machine it ran on, and under ``"stored"`` the code's fingerprint. Raises
+    :class:`fmlab.chapters.ch5_stored.StaleResults`, naming the script to rerun, when
+    the code that produced the file has changed since (:func:`width_sweep_sources`)."""
     path = Path(WIDTH_SWEEP_RESULTS if path is None else path)
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"path: no width sweep at {path}; run scripts/ch5_width_sweep.py"
-        )
-    data = json.loads(path.read_text())
+    data = stored.load(
+        path,
+        script=WIDTH_SWEEP_SCRIPT,
+        sources=width_sweep_sources(),
+        hint=(
+            " (about 112 core-minutes); or, for a change that cannot move its numbers, "
+            f"python {WIDTH_SWEEP_SCRIPT} --restamp, which reruns one job and records "
+            "the new fingerprint only if that job reproduces"
+        ),
+    )
     groups: dict = {}
     for run in data["runs"]:
         g = groups.setdefault(
@@ -611,13 +718,53 @@ def width_sweep_results(path: Path | str | None = None) -> dict:
         for name in _SWEEP_FIELDS:
             g.setdefault(name, []).extend(run[name])
         g.setdefault("seconds", []).append(run["seconds"])
-    out: dict = {"meta": data["meta"]}
+    out: dict = {"meta": data["meta"] | {"stored": data["stored"]}}
     for key, g in sorted(groups.items()):
         out[key] = {
             k: torch.tensor(v, dtype=torch.float64) if isinstance(v, list) else v
             for k, v in g.items()
         }
     return out
+
+
+# One job of the stored sweep that is cheap to rerun (three width-32 models, 2000 Adam
+# steps: about 2 min on one core), and how far a rerun may drift from the record: the
+# same code, seeds and data on another machine or torch build differ only by the
+# order of floating-point sums, which 2000 steps of Adam amplify a little.
+WIDTH_SWEEP_SLICE = {"width": 32, "lr": 0.01, "chunk": 0}
+WIDTH_SWEEP_SLICE_TOL = {"gap": 2e-3, "accuracy": 0.01, "trace_rel": 0.05}
+
+
+def width_sweep_slice_check(path: Path | str | None = None) -> dict:
+    """Rerun the job :data:`WIDTH_SWEEP_SLICE` of the stored sweep (the script's seed
+    ``1000 * (chunk + 1) + width``) and compare it with its record at ``path``: the
+    largest absolute differences of the gaps and accuracies, the largest relative
+    differences of the traces, and ``"ok"``: whether all are within
+    :data:`WIDTH_SWEEP_SLICE_TOL`. Reads the file without checking its fingerprint."""
+    import json
+
+    path = Path(WIDTH_SWEEP_RESULTS if path is None else path)
+    w, lr, chunk = (WIDTH_SWEEP_SLICE[k] for k in ("width", "lr", "chunk"))
+    (run,) = [
+        r
+        for r in json.loads(path.read_text())["runs"]
+        if r["width"] == w and r["lr"] == lr and r["chunk"] == chunk
+    ]
+    config = WidthSweepConfig(pretrain_lr=lr)
+    out = width_sweep_run(config, w, 1000 * (chunk + 1) + w, len(run["gap"]))
+
+    def diff(name):
+        return torch.tensor(out[name]) - torch.tensor(run[name])
+
+    res = {"gap": float(diff("gap").abs().max())}
+    res["accuracy"] = float(diff("accuracy").abs().max())
+    res["trace_rel"] = max(
+        float((diff(n) / torch.tensor(run[n])).abs().max())
+        for n in ("trace_encoder", "trace_head", "trace_embedded_encoder")
+    )
+    tol = WIDTH_SWEEP_SLICE_TOL
+    res["ok"] = all(res[k] <= tol[k] for k in tol)
+    return res
 
 
 def width_sweep_compared(results: dict, tolerance: float) -> list[tuple[int, float]]:
@@ -692,3 +839,96 @@ def width_trace_transfer_rank(
     acc = torch.stack([results[k]["accuracy"][:, -1] for k in groups]).double()
     per = torch.tensor([spearman(tr[:, i], acc[:, i]) for i in range(tr.shape[1])])
     return {"per_replicate": per, "pooled": spearman(tr.flatten(), acc.flatten())}
+
+
+# -- flatness against transfer within one family, with the gap held fixed -----------
+
+
+def partial_rank_correlation(x, y, z) -> float:
+    """Spearman's partial correlation of ``x`` and ``y`` given ``z`` (1-d, the same
+    length, at least 4): the correlation of the ranks of ``x`` and ``y`` after a
+    least-squares line in the ranks of ``z`` is taken out of each. Near zero when ``x``
+    and ``y`` move together only because both move with ``z``."""
+    x, y, z = (torch.as_tensor(v, dtype=torch.float64).flatten() for v in (x, y, z))
+    if not (x.shape == y.shape == z.shape) or x.numel() < 4:
+        raise ValueError("x, y and z must have the same length, at least 4")
+
+    def ranks(v):
+        return v.argsort().argsort().double()
+
+    Z = torch.stack([torch.ones_like(z), ranks(z)], 1)
+
+    def residual(v):
+        r = ranks(v)
+        return r - Z @ torch.linalg.lstsq(Z, r[:, None]).solution[:, 0]
+
+    rx, ry = residual(x), residual(y)
+    denom = rx.norm() * ry.norm()
+    return float(rx @ ry / denom) if denom > 0 else 0.0
+
+
+def width_family_flatness(
+    results: dict,
+    tolerance: float,
+    trace: str = "trace_embedded_encoder",
+    n_boot: int = 400,
+) -> dict:
+    """Flatness against transfer within one family of the stored width sweep: for every
+    learning rate with at least two widths among the groups at equal loss
+    (:func:`width_sweep_equal_loss`), over those models (every width, every seed), the
+    Spearman correlation of ``trace`` with the probe's accuracy at the largest probe
+    size, and the partial one given the gap (:func:`partial_rank_correlation`), each
+    with a standard error from ``n_boot`` resamplings of the replicates (the ``i``-th
+    model of every width moves as one). ``{lr: {"groups", "n", "rank", "rank_se",
+    "partial", "partial_se", "gap_rank"}}``, ``gap_rank`` being the gap's own
+    correlation with the accuracy. Never pools two learning rates."""
+    check_int("n_boot", n_boot, minimum=2)
+    equal = width_sweep_equal_loss(results, tolerance)
+    out: dict = {}
+    for lr in sorted({k[1] for k in equal}):
+        keys = [k for k in equal if k[1] == lr]
+        if len(keys) < 2:
+            continue
+        tr = torch.stack([results[k][trace] for k in keys])  # (widths, seeds)
+        acc = torch.stack([results[k]["accuracy"][:, -1] for k in keys]).double()
+        gap = torch.stack([results[k]["gap"] for k in keys])
+
+        def stats(idx):
+            t, a, g = tr[:, idx].flatten(), acc[:, idx].flatten(), gap[:, idx].flatten()
+            return spearman(t, a), partial_rank_correlation(t, a, g)
+
+        n_rep = tr.shape[1]
+        rank, partial = stats(torch.arange(n_rep))
+        gen = torch.Generator().manual_seed(5)
+        boot = torch.tensor(
+            [
+                stats(torch.randint(0, n_rep, (n_rep,), generator=gen))
+                for _ in range(n_boot)
+            ]
+        )
+        out[lr] = {
+            "groups": keys,
+            "n": tr.numel(),
+            "rank": rank,
+            "rank_se": float(boot[:, 0].std()),
+            "partial": partial,
+            "partial_se": float(boot[:, 1].std()),
+            "gap_rank": spearman(gap.flatten(), acc.flatten()),
+        }
+    return out
+
+
+def noise_family_flatness(result: dict, trace: str) -> dict[str, torch.Tensor]:
+    """Within each seed of :func:`noise_transfer_experiment` (one family: a pretrained
+    model and its continuations), across its models: the Spearman correlation of
+    ``trace`` (e.g. ``"trace_encoder"`` or ``"trace_log_encoder"``) with the probe's
+    accuracy at the largest probe size, and the partial one given the gap. ``{"rank",
+    "partial"}``, each ``(E,)``."""
+    tr, acc, gap = result[trace], result["accuracy"][..., -1].double(), result["gap"]
+    E = tr.shape[1]
+    return {
+        "rank": torch.tensor([spearman(tr[:, e], acc[:, e]) for e in range(E)]),
+        "partial": torch.tensor(
+            [partial_rank_correlation(tr[:, e], acc[:, e], gap[:, e]) for e in range(E)]
+        ),
+    }

@@ -1,0 +1,80 @@
+"""Chapter 5's size sweep in the paper's design: bidirectional-GRU masked language
+models of several hidden sizes on the tied language, one recipe, each replicate's data
+shared by every size, probed through a fixed projection to one dimension; writes
+``src/fmlab/chapters/results/ch5_size_sweep.json`` (with the fingerprint of the code
+that produced it, ``fmlab.chapters.ch5_stored``), which the transformer page of
+Chapter 5 (``notebooks/05c-same-loss-transformer.ipynb``) reads.
+
+    python scripts/ch5_size_sweep.py                      # the stored sweep, one core
+    python scripts/ch5_size_sweep.py --sizes 16 --models 2 --steps 20 --out /tmp/s.json
+
+One size after another in this process (each size's replicates train as one ensemble).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "src" / "fmlab" / "chapters" / "results" / "ch5_size_sweep.json"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=None)
+    ap.add_argument("--models", type=int, default=0, help="override n_models")
+    ap.add_argument("--steps", type=int, default=0, help="override steps")
+    ap.add_argument("--out", type=Path, default=OUT)
+    a = ap.parse_args(argv)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+
+    from fmlab.chapters import ch5_stored as stored
+    from fmlab.chapters.ch5_size import (
+        SIZE_SWEEP_SCRIPT,
+        SizeSweepConfig,
+        size_sweep_run,
+        size_sweep_sources,
+    )
+
+    torch.set_num_threads(1)
+    sources = stored.fingerprint(size_sweep_sources())  # the code as it starts
+    config = SizeSweepConfig()
+    if a.sizes:
+        config = replace(config, sizes=tuple(a.sizes))
+    if a.models:
+        config = replace(config, n_models=a.models)
+    if a.steps:
+        config = replace(config, steps=a.steps)
+    t0, runs = time.time(), []
+    for size in config.sizes:
+        runs.append(size_sweep_run(config, size))
+        r = runs[-1]
+        print(
+            f"hidden {size}: gaps {[round(g, 4) for g in r['gap']]}, "
+            f"{r['seconds']:.0f} s"
+        )
+    meta = {
+        "config": {
+            k: (list(v) if isinstance(v, tuple) else v)
+            for k, v in asdict(config).items()
+        },
+        "wall_seconds": time.time() - t0,
+        "cpus": os.cpu_count(),
+        "machine": platform.machine(),
+    }
+    stored.write(
+        a.out, {"meta": meta, "runs": runs}, script=SIZE_SWEEP_SCRIPT, sources=sources
+    )
+    print(f"wrote {a.out} ({meta['wall_seconds']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""Tests of what the six-seed same-loss run of Chapter 5 adds (notebooks/05b): probes
+scored against the exact posterior, the run without continued SGD from the pretrained
+models, and the recovery arms from the adversarial models.
+
+Oracles: a one-hot posterior reproduces the plain hit rate and a uniform one gives 1/K
+whatever the probe predicts; the first members of an ensemble are copied exactly; every
+recovery arm starts from the same adversarial models (its first row is shared).
+"""
+
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fmlab.chapters import ch5_implicit_bias as ch5
+from fmlab.models.masked_lm import BiGRUMaskedLM
+from fmlab.repro import make_generator
+
+SMALL = ch5.SameLossConfig(
+    n_models=3,
+    sgd_models=2,
+    hidden=4,
+    d_ff=6,
+    pretrain_steps=4,
+    pretrain_batch=8,
+    continue_steps=0,
+    adversarial_steps=2,
+    adversarial_batch=16,
+    reconverge_steps=2,
+    recovery_steps=4,
+    recovery_checkpoints=2,
+    recovery_batches=(8, 16),
+    recovery_lrs=(0.1, 0.2),
+    recovery_sizes=(20, 40),
+    recovery_test=30,
+    probe_sizes=(20, 40),
+    n_probe_test=50,
+    n_gap=30,
+    n_trace=6,
+    n_bartlett=4,
+    bartlett_probes=2,
+)
+
+
+def _probe_data(n=60, m=40, d=5, seed=0):
+    g = make_generator(seed)
+    x, xt = torch.randn(n, d, generator=g), torch.randn(m, d, generator=g)
+    y, yt = (x[:, 0] > 0).long(), (xt[:, 0] > 0).long()
+    return x, y, xt, yt
+
+
+def test_posterior_scored_probe_reduces_to_hits_and_to_chance():
+    x, y, xt, yt = _probe_data()
+    plain = ch5.ridge_probe_accuracy(x, y, xt, yt, 2)
+    onehot = ch5.ridge_probe_accuracy(
+        x, y, xt, yt, 2, test_posterior=F.one_hot(yt, 2).double()
+    )
+    assert onehot == pytest.approx(plain, abs=1e-12)
+    uniform = torch.full((len(yt), 2), 0.5)
+    assert ch5.ridge_probe_accuracy(
+        x, y, xt, yt, 2, test_posterior=uniform
+    ) == pytest.approx(0.5)
+    curve = ch5.probe_curve(x, y, xt, yt, 2, (20, 60), test_posterior=uniform)
+    assert torch.allclose(curve, torch.full((2,), 0.5, dtype=curve.dtype))
+    with pytest.raises(ValueError):
+        ch5.ridge_probe_accuracy(x, y, xt, yt, 2, test_posterior=uniform[:5])
+
+
+def test_first_members_are_copied_exactly():
+    m = BiGRUMaskedLM(5, hidden=4, d_ff=6, n_models=3, generator=make_generator(1))
+    sub = ch5._first_members(m, 2)
+    assert sub.n_models == 2
+    for p, q in zip(m.parameters(), sub.parameters()):
+        assert torch.equal(p[:2], q)
+    tok = torch.randint(0, 5, (7, 10), generator=make_generator(2))
+    assert torch.allclose(m(tok)[:2], sub(tok))
+
+
+def test_the_run_without_continued_sgd_and_its_recovery_arms():
+    res = ch5.same_loss_experiment(SMALL)
+    E, k = SMALL.n_models, SMALL.recovery_checkpoints + 1
+    assert not any(key.startswith("continue_") for key in res)
+    assert res["pretrained_gap"].shape == (E,)
+    assert res["pretrained_accuracy"].shape == (E, 2)
+    assert res["bartlett_fisher"].shape == (SMALL.sgd_models,)
+    assert torch.equal(res["recovery_steps"], torch.tensor([0, 2, 4]))
+    for i in range(2):
+        assert res[f"recovery{i}_gap"].shape == (k, E)
+        assert res[f"recovery{i}_accuracy"].shape == (k, E, 2)
+        assert res[f"recovery{i}_trace_encoder"].shape == (E,)
+        acc = res[f"recovery{i}_accuracy"]
+        assert ((acc >= 0) & (acc <= 1)).all()
+    for key in ("gap", "accuracy"):  # both arms start from the same models
+        assert torch.equal(res[f"recovery0_{key}"][0], res[f"recovery1_{key}"][0])
+    assert not torch.equal(res["recovery0_gap"][-1], res["recovery1_gap"][-1])
+
+
+def test_recovery_arms_must_pair_learning_rates_and_batches():
+    with pytest.raises(ValueError, match="recovery_lrs"):
+        replace(SMALL, recovery_batches=(8,))
+    with pytest.raises(ValueError, match="recovery_steps"):
+        replace(SMALL, recovery_steps=5)
