@@ -323,7 +323,12 @@ class ClaimsIndexDirective(SphinxDirective):
             self.env, "fmlab_claims_index_docs", set()
         )
         self.env.fmlab_claims_index_docs.add(self.env.docname)
-        return [claims_index_placeholder()]
+        # the index typesets the statements' mathematics, which it only adds when the
+        # doctree is resolved; Sphinx loads MathJax on a page whose source has math, so
+        # the placeholder carries an empty formula for it to find
+        placeholder = claims_index_placeholder()
+        placeholder += nodes.math("", "")
+        return [placeholder]
 
 
 def _collect(app, doctree):

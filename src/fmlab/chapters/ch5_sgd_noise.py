@@ -848,13 +848,16 @@ def partial_rank_correlation(x, y, z) -> float:
     """Spearman's partial correlation of ``x`` and ``y`` given ``z`` (1-d, the same
     length, at least 4): the correlation of the ranks of ``x`` and ``y`` after a
     least-squares line in the ranks of ``z`` is taken out of each. Near zero when ``x``
-    and ``y`` move together only because both move with ``z``."""
+    and ``y`` move together only because both move with ``z``. Tied values share their
+    average rank, so the result does not depend on how a sort orders ties."""
     x, y, z = (torch.as_tensor(v, dtype=torch.float64).flatten() for v in (x, y, z))
     if not (x.shape == y.shape == z.shape) or x.numel() < 4:
         raise ValueError("x, y and z must have the same length, at least 4")
 
-    def ranks(v):
-        return v.argsort().argsort().double()
+    def ranks(v):  # average ranks for ties, as Spearman's correlation defines them
+        from scipy.stats import rankdata
+
+        return torch.from_numpy(rankdata(v.numpy())).double()
 
     Z = torch.stack([torch.ones_like(z), ranks(z)], 1)
 
