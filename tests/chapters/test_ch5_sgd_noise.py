@@ -443,6 +443,8 @@ def test_partial_rank_correlation_removes_a_common_cause():
     assert spearman(x, y) < -0.8  # both follow z
     assert abs(partial_rank_correlation(x, y, z)) < 0.15  # nothing else links them
     assert partial_rank_correlation(x, x + 0.01 * z, z) > 0.9
+    # explained exactly by z: no residual left to correlate, 0 (not rounding noise)
+    assert partial_rank_correlation(z, y, z) == 0.0
     # ties share their average rank: the answer does not depend on their order
     t = torch.tensor([0.5, 0.5, 0.7, 0.7, 0.9, 0.1])
     u, w = torch.tensor([1.0, 2, 3, 4, 5, 6]), torch.tensor([3.0, 1, 2, 6, 5, 4])

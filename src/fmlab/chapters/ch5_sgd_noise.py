@@ -866,8 +866,13 @@ def partial_rank_correlation(x, y, z) -> float:
         return r - Z @ torch.linalg.lstsq(Z, r[:, None]).solution[:, 0]
 
     rx, ry = residual(x), residual(y)
-    denom = rx.norm() * ry.norm()
-    return float(rx @ ry / denom) if denom > 0 else 0.0
+    # a residual at rounding level means z's ranks explain that variable's exactly:
+    # the correlation is undefined, not the correlation of two rounding errors (which
+    # would change from one execution to the next)
+    tiny = 1e-9 * x.numel()
+    if rx.norm() <= tiny or ry.norm() <= tiny:
+        return 0.0
+    return float(rx @ ry / (rx.norm() * ry.norm()))
 
 
 def width_family_flatness(
