@@ -7,6 +7,7 @@ Chapter 5 (``notebooks/05c-same-loss-transformer.ipynb``) reads.
 
     python scripts/ch5_size_sweep.py                      # the stored sweep, one core
     python scripts/ch5_size_sweep.py --sizes 16 --models 2 --steps 20 --out /tmp/s.json
+    python scripts/ch5_size_sweep.py --restamp  # after a change that cannot move it
 
 One size after another in this process (each size's replicates train as one ensemble).
 """
@@ -31,6 +32,12 @@ def main(argv=None) -> int:
     ap.add_argument("--models", type=int, default=0, help="override n_models")
     ap.add_argument("--steps", type=int, default=0, help="override steps")
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument(
+        "--restamp",
+        action="store_true",
+        help="rerun one size of --out and, if it reproduces its record, record the "
+        "fingerprint of today's code on the file (for changes that cannot move it)",
+    )
     a = ap.parse_args(argv)
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch
@@ -38,13 +45,22 @@ def main(argv=None) -> int:
     from fmlab.chapters import ch5_stored as stored
     from fmlab.chapters.ch5_size import (
         SIZE_SWEEP_SCRIPT,
+        SIZE_SWEEP_SLICE,
         SizeSweepConfig,
         size_sweep_run,
+        size_sweep_slice_check,
         size_sweep_sources,
     )
 
     torch.set_num_threads(1)
     sources = stored.fingerprint(size_sweep_sources())  # the code as it starts
+    if a.restamp:
+        return stored.restamp_checked(
+            a.out,
+            sources=sources,
+            check=size_sweep_slice_check,
+            job=f"hidden size {SIZE_SWEEP_SLICE}",
+        )
     config = SizeSweepConfig()
     if a.sizes:
         config = replace(config, sizes=tuple(a.sizes))

@@ -64,25 +64,14 @@ def _restamp(path: Path) -> int:
 
     torch.set_num_threads(1)
     sources = stored.fingerprint(width_sweep_sources())  # the code as it starts
-    changed = stored.changed_sources(path, sources)
-    if not changed:
-        print(f"{path} already records today's code")
-        return 0
-    t0 = time.time()
-    check = width_sweep_slice_check(path)
-    print(f"changed: {', '.join(changed)}; rerun of {WIDTH_SWEEP_SLICE}: {check}")
-    if not check["ok"]:
-        print("the job does not reproduce its record: rerun the whole sweep")
-        return 1
-    note = (
-        f"Restamped without a rerun: {', '.join(changed)} changed; the job "
-        f"{WIDTH_SWEEP_SLICE} rerun with today's code reproduced its record (largest "
-        f"differences: gap {check['gap']:.1e} nats, accuracy {check['accuracy']:.1e}, "
-        f"traces {check['trace_rel']:.1e} relative; {time.time() - t0:.0f} s)."
+    return stored.restamp_checked(
+        path,
+        sources=sources,
+        check=width_sweep_slice_check,
+        job="width {width} at learning rate {lr}, chunk {chunk}".format(
+            **WIDTH_SWEEP_SLICE
+        ),
     )
-    stored.restamp(path, sources=sources, note=note)
-    print(note)
-    return 0
 
 
 def main(argv=None) -> int:

@@ -119,3 +119,59 @@ def test_restamp_keeps_the_payload_and_the_earlier_record(tmp_path):
     assert rec["earlier"]["changed_since"] == ["restamp_mod.produce"]
     data = stored.load(out, script="scripts/s.py", sources=[mod.produce])
     assert data["runs"] == [1, 2] and data["stored"]["note"] == "checked"
+
+
+def test_a_checked_restamp_needs_the_rerun_job_to_reproduce_its_record(tmp_path):
+    code = tmp_path / "checked_mod.py"
+    code.write_text("def produce():\n    return 1\n")
+    mod = _module(code, "checked_mod")
+    out = tmp_path / "r.json"
+    stored.write(out, {"runs": [1]}, script="scripts/s.py", sources=[mod.produce])
+    calls = []
+
+    def check(ok):
+        return lambda path: calls.append(path) or {"gap": 0.0, "ok": ok}
+
+    # unchanged code: nothing to rerun
+    assert (
+        stored.restamp_checked(out, sources=[mod.produce], check=check(True), job="j")
+        == 0
+    )
+    assert calls == []
+    code.write_text("def produce():\n    return 1  # the same\n")
+    mod = _module(code, "checked_mod")
+    # a job that does not reproduce its record leaves the file stale
+    assert (
+        stored.restamp_checked(out, sources=[mod.produce], check=check(False), job="j")
+        == 1
+    )
+    with pytest.raises(stored.StaleResults, match="scripts/s.py"):
+        stored.load(out, script="scripts/s.py", sources=[mod.produce])
+    # one that does records today's code, with the differences in the note
+    assert (
+        stored.restamp_checked(out, sources=[mod.produce], check=check(True), job="j")
+        == 0
+    )
+    data = stored.load(out, script="scripts/s.py", sources=[mod.produce])
+    assert (
+        "today's code, j reproduced" in data["stored"]["note"]
+        and "gap 0.0e+00" in data["stored"]["note"]
+    )
+    assert len(calls) == 2
+
+
+def test_tensors_survive_their_json_form_to_the_last_bit():
+    g = torch.Generator().manual_seed(0)
+    value = {
+        "a": torch.randn(3, 4, generator=g),
+        "b": {"c": torch.randn(5, dtype=torch.float64, generator=g) * 1e-300},
+        "n": torch.tensor(7),
+        "i": torch.arange(6).reshape(2, 3),
+    }
+    back = stored.decode_tensors(json.loads(json.dumps(stored.encode_tensors(value))))
+    for x, y in ((value["a"], back["a"]), (value["b"]["c"], back["b"]["c"])):
+        assert x.dtype == y.dtype and torch.equal(x, y)
+    assert back["n"].shape == () and int(back["n"]) == 7
+    assert torch.equal(back["i"], value["i"])
+    with pytest.raises(TypeError, match="value"):
+        stored.encode_tensors({"x": [1.0]})

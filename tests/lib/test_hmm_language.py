@@ -206,6 +206,57 @@ def test_ensemble_members_are_independent_models():
         member_losses(model, torch.full((2, 6), 7))
 
 
+def test_the_gru_follows_its_equations_step_by_step():
+    """States and logits against a plain loop over the module docstring's equations
+    (one member, one sentence at a time)."""
+    model = BiGRUMaskedLM(
+        5, hidden=4, d_ff=6, n_models=2, generator=torch.Generator().manual_seed(0)
+    )
+    x = torch.randint(5, (3, 6), generator=torch.Generator().manual_seed(1))
+    states, logits = model.states(x), model(x)
+    for e in range(2):
+        for d, order in ((0, range(6)), (1, range(5, -1, -1))):
+            h = model.h0[e, d, 0]
+            for t in order:
+                a, g = (
+                    model.emb[e, d, x[:, t]],
+                    h @ model.rec[e, d] + model.rec_bias[e, d],
+                )
+                r, z = torch.sigmoid(a[:, :8] + g[..., :8]).chunk(2, -1)
+                h = (1 - z) * torch.tanh(a[:, 8:] + r * g[..., 8:]) + z * h
+                assert torch.allclose(states[e, d, :, t], h, atol=1e-6)
+        h0 = model.h0[e].expand(2, 3, 4)
+        before = torch.cat([h0[0, :, None], states[e, 0, :, :-1]], 1)
+        after = torch.cat([states[e, 1, :, 1:], h0[1, :, None]], 1)
+        u = F.gelu(torch.cat([before, after], -1) @ model.w1[e] + model.b1[e])
+        assert torch.allclose(logits[e], u @ model.w2[e] + model.b2[e], atol=1e-6)
+
+
+def test_table_rows_are_the_one_hot_product_to_the_last_bit():
+    from torch.func import jvp, vmap
+
+    from fmlab.models.masked_lm import _TableRows
+
+    g = torch.Generator().manual_seed(0)
+    table = torch.randn(3, 7, 5, dtype=torch.float64, generator=g, requires_grad=True)
+    idx = torch.randint(7, (3, 11), generator=g)
+    onehot = (idx[..., None] == torch.arange(7)).double()
+    rows, product = _TableRows.apply(table, idx), torch.bmm(onehot, table)
+    assert torch.equal(rows, product)
+    w = torch.randn(3, 11, 5, dtype=torch.float64, generator=g)
+    (g1,) = torch.autograd.grad((rows * w).sum(), table)
+    (g2,) = torch.autograd.grad((product * w).sum(), table)
+    assert torch.equal(g1, g2)
+    assert torch.autograd.gradcheck(_TableRows.apply, (table, idx))
+    assert torch.autograd.gradgradcheck(_TableRows.apply, (table, idx))
+    v = torch.randn_like(table)
+    _, t1 = jvp(lambda t: _TableRows.apply(t, idx), (table.detach(),), (v,))
+    assert torch.equal(t1, torch.bmm(onehot, v))
+    tables = torch.stack([table.detach(), v])  # vmap over a batch of tables
+    per = vmap(lambda t: _TableRows.apply(t, idx))(tables)
+    assert torch.equal(per, torch.stack([product.detach(), torch.bmm(onehot, v)]))
+
+
 def test_mlm_fisher_trace_matches_a_sum_over_positions_and_labels():
     torch.manual_seed(0)
     model = BiGRUMaskedLM(

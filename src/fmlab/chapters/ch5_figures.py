@@ -532,10 +532,21 @@ def effects_table(effects: dict, fmt: str = "{:+.3f}"):
     return table(rows)
 
 
+def _stored_run_text(record: dict | None) -> str:
+    """How the same-loss page's run was obtained, for its prose."""
+    if record is None:
+        return "this run, at another configuration or seed offset, was computed here"
+    return (
+        f"it took {record['wall_seconds'] / 60:.1f} minutes of one CPU core "
+        f"({record['machine']}, torch {record['torch']}, written "
+        f"{record['written'][:10]})"
+    )
+
+
 def prose_equal_loss(res: dict, cfg, tolerance: float) -> dict[str, str]:
     """The numbers the same-loss page quotes from its config and its run."""
     x = cfg
-    n_gru = sum(v[0].numel() for v in res["pretrained_state"].values())
+    n_gru = int(res["n_params"])
     return {
         "ch5_position": str(x.position + 1),
         "ch5_probe_sizes": "{" + ", ".join(f"{n:,}" for n in x.probe_sizes) + "}",
@@ -550,6 +561,7 @@ def prose_equal_loss(res: dict, cfg, tolerance: float) -> dict[str, str]:
         "ch5_bartlett_probes": str(x.bartlett_probes),
         "ch5_entropy": f"{float(res['entropy'][0]):.3f}",
         "ch5_n_params": f"{n_gru:,}",
+        "ch5_sl_stored": _stored_run_text(res.get("stored")),
         "ch5_n_seeds": str(x.n_models),
         "ch5_gap_compared": f"control {float(res['control_gap'].mean()):.4f} vs "
         f"adversarial {float(res['adversarial_gap'].mean()):.4f}",

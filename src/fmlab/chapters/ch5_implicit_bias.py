@@ -26,8 +26,11 @@ Used in Chapter 5 (``notebooks/05-implicit-bias.ipynb``). The pieces:
 from __future__ import annotations
 
 import copy
+import json
 import math
+import sys
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -36,10 +39,12 @@ from torch.func import functional_call, grad, vmap
 from .._validate import check_float, check_int, check_tensor
 from ..data.hmm_language import HMMLanguage, HMMLanguageConfig
 from ..models.masked_lm import BiGRUMaskedLM, masked_lm_loss
-from ..repro import make_generator, single_threaded
+from ..repro import make_generator, seed_offset, single_threaded
+from ..theory import flatness
 from ..theory.decomposition import spearman
 from ..theory.flatness import TraceEstimate, fisher_trace, hutchinson_trace
 from ..train import cached, train_scheduled
+from . import ch5_stored as stored
 
 __all__ = [
     "GRU_BLOCKS",
@@ -56,6 +61,12 @@ __all__ = [
     "train_phase",
     "same_loss_experiment",
     "same_loss_run",
+    "same_loss_results",
+    "same_loss_slice_check",
+    "same_loss_sources",
+    "SAME_LOSS_RESULTS",
+    "SAME_LOSS_SCRIPT",
+    "SAME_LOSS_SLICE_TOL",
     "equal_loss_models",
     "equal_loss_rank_correlation",
     "LookupConfig",
@@ -237,7 +248,7 @@ def mlm_gradient_covariance_trace(
     E = model.n_models
     sq = torch.zeros(E, dtype=torch.float64)
     mean = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in params.items()}
-    per = vmap(grad(nll), in_dims=(None, 0, 0))
+    per = vmap(grad(nll), in_dims=(None, 0, 0), chunk_size=flatness.CHUNK)
     for start in range(0, n * T, 512):
         gs = per(params, xs[start : start + 512], ts[start : start + 512])
         for k, g in gs.items():
@@ -252,12 +263,6 @@ def mlm_gradient_covariance_trace(
 # ---------------------------------------------------------------------------------
 # linear probes
 # ---------------------------------------------------------------------------------
-def _standardize(train: torch.Tensor, test: torch.Tensor):
-    mu, sd = train.mean(0), train.std(0) + 1e-6
-    one = lambda z: torch.cat([(z - mu) / sd, torch.ones(len(z), 1, dtype=z.dtype)], 1)  # noqa: E731
-    return one(train), one(test)
-
-
 def ridge_probe_accuracy(
     train_features: torch.Tensor,
     train_labels: torch.Tensor,
@@ -280,6 +285,25 @@ def ridge_probe_accuracy(
     \\lambda\\lVert W\\rVert^2` in closed form, with :math:`\\tilde\\Phi` the features
     standardised with the training statistics plus a constant column; prediction is the
     arg-max of :math:`\\tilde\\phi^\\top W`."""
+    args = _probe_inputs(
+        train_features,
+        train_labels,
+        test_features,
+        test_labels,
+        n_classes,
+        ridge,
+        test_posterior,
+    )
+    return _probe_accuracy(*args)
+
+
+def _probe_inputs(
+    train_features, train_labels, test_features, test_labels, n_classes, ridge, post
+):
+    """The checked arguments of :func:`ridge_probe_accuracy`, in the order of
+    :func:`_probe_accuracy`; features and posterior in float64."""
+    n_classes = check_int("n_classes", n_classes, minimum=2)
+    ridge = check_float("ridge", ridge, minimum=0.0, strict_min=True)
     ftr = check_tensor("train_features", train_features, ndim=2, floating=True).double()
     fte = check_tensor("test_features", test_features, ndim=2, floating=True).double()
     ytr = check_tensor(
@@ -290,30 +314,35 @@ def ridge_probe_accuracy(
         raise ValueError(
             "train_features and test_features must have the same number of columns"
         )
-    n_classes = check_int("n_classes", n_classes, minimum=2)
-    ridge = check_float("ridge", ridge, minimum=0.0, strict_min=True)
-    a, b = _standardize(ftr, fte)
+    if post is not None:
+        post = check_tensor(
+            "test_posterior", post, shape=(fte.shape[0], n_classes), floating=True
+        ).double()
+    return ftr, ytr, fte, yte, n_classes, ridge, post
+
+
+def _probe_accuracy(ftr, ytr, fte, yte, n_classes, ridge, post) -> float:
+    """:func:`ridge_probe_accuracy` on checked inputs. The standardisation is folded
+    into the head (the test features are never copied), and the kernel form maps its
+    coefficients back to a head first: the same classifier, in fewer operations."""
+    mu, sd = ftr.mean(0), ftr.std(0) + 1e-6
+    a = torch.cat([(ftr - mu) / sd, torch.ones(len(ftr), 1, dtype=ftr.dtype)], 1)
     n, d = a.shape
     Y = F.one_hot(ytr, n_classes).double()
     if d <= n:
         W = torch.linalg.solve(
             a.T @ a / n + ridge * torch.eye(d, dtype=a.dtype), a.T @ Y / n
         )
-        scores = b @ W
     else:  # the same solution in its n x n (kernel) form
         coef = (
             torch.linalg.solve(a @ a.T / n + ridge * torch.eye(n, dtype=a.dtype), Y) / n
         )
-        scores = (b @ a.T) @ coef
-    pred = scores.argmax(1)
-    if test_posterior is not None:
-        post = check_tensor(
-            "test_posterior",
-            test_posterior,
-            shape=(fte.shape[0], n_classes),
-            floating=True,
-        )
-        return float(post.double().gather(1, pred[:, None]).mean())
+        W = a.T @ coef
+    # [(x - mu) / sd, 1] @ W = x @ (W_x / sd) + (w_1 - (mu / sd) @ W_x)
+    Wx = W[:-1] / sd[:, None]
+    pred = torch.addmm(W[-1] - mu @ Wx, fte, Wx).argmax(1)
+    if post is not None:
+        return float(post.gather(1, pred[:, None]).mean())
     return float((pred == yte).double().mean())
 
 
@@ -333,20 +362,29 @@ def probe_curve(
     averages their accuracies, so small sizes are not hostage to one draw. With
     ``test_posterior`` each accuracy is the expected one under the exact posterior
     (:func:`ridge_probe_accuracy`)."""
+    ftr, ytr, fte, yte, n_classes, ridge, post = _probe_inputs(
+        train_features,
+        train_labels,
+        test_features,
+        test_labels,
+        n_classes,
+        ridge,
+        test_posterior,
+    )
     out = []
-    N = train_features.shape[0]
+    N = ftr.shape[0]
     for m in sizes:
         m = check_int("sizes", m, minimum=2, maximum=N)
         reps = max(1, min(3, N // m))
         accs = [
-            ridge_probe_accuracy(
-                train_features[r * m : (r + 1) * m],
-                train_labels[r * m : (r + 1) * m],
-                test_features,
-                test_labels,
+            _probe_accuracy(
+                ftr[r * m : (r + 1) * m],
+                ytr[r * m : (r + 1) * m],
+                fte,
+                yte,
                 n_classes,
                 ridge,
-                test_posterior,
+                post,
             )
             for r in range(reps)
         ]
@@ -569,7 +607,7 @@ def _first_members(model: BiGRUMaskedLM, k: int) -> BiGRUMaskedLM:
     return sub
 
 
-def _same_loss_experiment(config: SameLossConfig) -> dict:
+def _same_loss_experiment(config: SameLossConfig, pretraining_only=False) -> dict:
     c = config
     lang = HMMLanguage(c.language)
     K, S = c.language.n_blocks, c.language.states_per_block
@@ -600,7 +638,7 @@ def _same_loss_experiment(config: SameLossConfig) -> dict:
         ]
         return {"gap": kl_gap(model, gap_tok, gap_cond), "accuracy": torch.stack(acc)}
 
-    def evaluate(model, label_seed):
+    def evaluate(model, label_seed, with_transfer=True):
         tr = mlm_fisher_trace(
             model,
             trace_tok,
@@ -608,7 +646,7 @@ def _same_loss_experiment(config: SameLossConfig) -> dict:
             generator=make_generator(label_seed),
             blocks=GRU_BLOCKS,
         )
-        out = transfer(model)
+        out = transfer(model) if with_transfer else {}
         out["trace"] = tr.per_group.double()
         out["trace_se"] = tr.per_group_stderr.double()
         for block, est in tr.per_block.items():
@@ -664,6 +702,8 @@ def _same_loss_experiment(config: SameLossConfig) -> dict:
 
     for key, val in evaluate(pretrained, 20_000).items():
         out[f"pretrained_{key}"] = val
+    if pretraining_only:  # the slice that checks a stored run (same_loss_slice_check)
+        return out
 
     # 2. continued training with SGD, evaluated at checkpoints (first members only)
     if c.continue_steps:
@@ -740,9 +780,8 @@ def _same_loss_experiment(config: SameLossConfig) -> dict:
         )
         for key in rec[0]:
             out[f"recovery{i}_{key}"] = torch.stack([r[key] for r in rec])
-        for key, val in evaluate(m, 50_000).items():
-            if key.startswith("trace") or key.startswith("norm"):
-                out[f"recovery{i}_{key}"] = val
+        for key, val in evaluate(m, 50_000, with_transfer=False).items():
+            out[f"recovery{i}_{key}"] = val
 
     # 5. the Bartlett identity at the pretrained models: three traces
     pretrained = _first_members(pretrained, c.sgd_models or c.n_models)
@@ -756,15 +795,102 @@ def _same_loss_experiment(config: SameLossConfig) -> dict:
     out["bartlett_fisher"] = mlm_fisher_trace(
         pretrained, btok, n_labels=4, generator=make_generator(40_001)
     ).per_group.double()
-    out["pretrained_state"] = {k: v.clone() for k, v in pretrained.state_dict().items()}
+    out["n_params"] = torch.tensor(sum(p[0].numel() for p in pretrained.parameters()))
     return out
 
 
+# ---------------------------------------------------------------------------------
+# the page's run, stored (fmlab.chapters.ch5_stored)
+# ---------------------------------------------------------------------------------
+SAME_LOSS_RESULTS = Path(__file__).parent / "results" / "ch5_same_loss.json"
+SAME_LOSS_SCRIPT = "scripts/ch5_same_loss.py"
+#: how far a rerun of the stored run's pretraining may land from its record: gaps in
+#: nats, accuracies, traces relative
+SAME_LOSS_SLICE_TOL = {"gap": 2e-3, "accuracy": 0.01, "trace_rel": 0.02}
+
+
+def same_loss_sources() -> list:
+    """The code that produces the stored run, for its fingerprint: the script, this
+    whole module (the experiment, its training phases, probes and traces), the model,
+    the language, the trace estimators and the training loop."""
+    from ..data import hmm_language
+    from ..models import masked_lm
+    from ..repro import effective_seed
+
+    root = Path(__file__).resolve().parents[3]
+    module = sys.modules[__name__]
+    return [
+        root / SAME_LOSS_SCRIPT,
+        module,
+        masked_lm,
+        hmm_language,
+        flatness,
+        train_scheduled,
+        make_generator,
+        effective_seed,
+        single_threaded,
+    ]
+
+
+def _config_from_record(record: dict) -> SameLossConfig:
+    cfg = {k: tuple(v) if isinstance(v, list) else v for k, v in record.items()}
+    cfg["language"] = HMMLanguageConfig(**cfg["language"])
+    return SameLossConfig(**cfg)
+
+
+def same_loss_results(path: Path | str | None = None) -> tuple[SameLossConfig, dict]:
+    """The stored run (``scripts/ch5_same_loss.py``): its configuration and the
+    result of :func:`same_loss_experiment`, with the file's ``"stored"`` record (and
+    the run's ``"wall_seconds"``) under ``"stored"``. Raises
+    :class:`fmlab.chapters.ch5_stored.StaleResults`, naming the script, when the code
+    that produced it has changed since (:func:`same_loss_sources`)."""
+    data = stored.load(
+        SAME_LOSS_RESULTS if path is None else path,
+        script=SAME_LOSS_SCRIPT,
+        sources=same_loss_sources(),
+    )
+    result = stored.decode_tensors(data["result"])
+    result["stored"] = {**data["stored"], "wall_seconds": data["meta"]["wall_seconds"]}
+    return _config_from_record(data["meta"]["config"]), result
+
+
 def same_loss_run(config: SameLossConfig) -> dict:
-    """:func:`same_loss_experiment`, cached on disk (:func:`fmlab.cached`)."""
+    """:func:`same_loss_experiment`: the stored run when ``config`` is the stored
+    one (at seed offset 0), else computed and cached on disk (:func:`fmlab.cached`)."""
     if not isinstance(config, SameLossConfig):
         raise TypeError(f"config must be a SameLossConfig, got {type(config).__name__}")
+    if seed_offset() == 0 and SAME_LOSS_RESULTS.is_file():
+        record = json.loads(SAME_LOSS_RESULTS.read_text())["meta"]["config"]
+        if _config_from_record(record) == config:
+            return same_loss_results()[1]
     return cached(config, lambda: same_loss_experiment(config), name="ch05_same_loss")
+
+
+def same_loss_slice_check(path: Path | str | None = None) -> dict:
+    """Rerun the pretraining phase of the stored run at ``path`` (its language, probes
+    on the exact posteriors, pretraining and the pretrained models' evaluation: about
+    a minute on one core) with today's code and compare it with the record: the
+    largest absolute differences of the gaps and the accuracies, the largest relative
+    one of the traces, and ``"ok"``: all within :data:`SAME_LOSS_SLICE_TOL`. Reads the
+    file without checking its fingerprint."""
+    data = json.loads(Path(SAME_LOSS_RESULTS if path is None else path).read_text())
+    record = stored.decode_tensors(data["result"])
+    with single_threaded():
+        part = _same_loss_experiment(
+            _config_from_record(data["meta"]["config"]), pretraining_only=True
+        )
+    res = {"gap": 0.0, "accuracy": 0.0, "trace_rel": 0.0}
+    for key, value in part.items():
+        new, old = value.double(), record[key].double()
+        if "trace" in key and not key.endswith("_se"):
+            res["trace_rel"] = max(
+                res["trace_rel"], float(((new - old) / old).abs().max())
+            )
+        elif "gap" in key or "accuracy" in key:
+            name = "gap" if "gap" in key else "accuracy"
+            res[name] = max(res[name], float((new - old).abs().max()))
+    res["ok"] = all(res[k] <= v for k, v in SAME_LOSS_SLICE_TOL.items())
+    return res
 
 
 def equal_loss_models(result: dict, size_index: int) -> dict:

@@ -662,7 +662,7 @@ def width_sweep_sources() -> list:
     from ..repro import effective_seed
     from ..theory import flatness
     from ..train import train_scheduled
-    from .ch5_implicit_bias import ridge_probe_accuracy
+    from .ch5_implicit_bias import _probe_accuracy, _probe_inputs, ridge_probe_accuracy
 
     root = Path(__file__).resolve().parents[3]
     return [
@@ -680,6 +680,8 @@ def width_sweep_sources() -> list:
         head_trace_closed_form,
         probe_curve,
         ridge_probe_accuracy,
+        _probe_inputs,
+        _probe_accuracy,
         make_generator,
         effective_seed,
         bert,

@@ -152,7 +152,7 @@ def size_sweep_sources() -> list:
     from ..models import masked_lm
     from ..repro import effective_seed
     from ..train import train_scheduled
-    from .ch5_implicit_bias import ridge_probe_accuracy
+    from .ch5_implicit_bias import _probe_accuracy, _probe_inputs, ridge_probe_accuracy
 
     root = Path(__file__).resolve().parents[3]
     return [
@@ -164,6 +164,8 @@ def size_sweep_sources() -> list:
         kl_gap,
         probe_curve,
         ridge_probe_accuracy,
+        _probe_inputs,
+        _probe_accuracy,
         make_generator,
         effective_seed,
         masked_lm,

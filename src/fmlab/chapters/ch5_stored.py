@@ -35,14 +35,18 @@ import json
 import os
 import platform
 import sys
+import time
 from pathlib import Path
 
 __all__ = [
     "StaleResults",
     "changed_sources",
+    "decode_tensors",
+    "encode_tensors",
     "fingerprint",
     "load",
     "restamp",
+    "restamp_checked",
     "source_text",
     "write",
 ]
@@ -98,6 +102,36 @@ def fingerprint(sources) -> dict[str, str]:
         parts[name] = digest
         whole.update(f"{name}\0{digest}\0".encode())
     return {"all": whole.hexdigest(), **parts}
+
+
+def encode_tensors(value):
+    """A tensor, or a dict (nested) of tensors, as JSON-ready data: each tensor becomes
+    ``{"dtype", "shape", "data"}`` with its values as a flat list. Floats are written
+    exactly (a float32 value is a float64 value, and JSON keeps float64 to the last
+    bit), so :func:`decode_tensors` gives back the same tensors."""
+    import torch
+
+    if isinstance(value, dict):
+        return {k: encode_tensors(v) for k, v in value.items()}
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(
+            f"value must be a tensor or a dict of them, got {type(value).__name__}"
+        )
+    return {
+        "dtype": str(value.dtype).removeprefix("torch."),
+        "shape": list(value.shape),
+        "data": value.reshape(-1).tolist(),
+    }
+
+
+def decode_tensors(value):
+    """The inverse of :func:`encode_tensors`."""
+    import torch
+
+    if isinstance(value, dict) and set(value) != {"dtype", "shape", "data"}:
+        return {k: decode_tensors(v) for k, v in value.items()}
+    dtype = getattr(torch, value["dtype"])
+    return torch.tensor(value["data"], dtype=dtype).reshape(value["shape"])
 
 
 def write(path, payload: dict, *, script: str, sources, note: str = "") -> dict:
@@ -156,6 +190,36 @@ def restamp(path, *, sources, note: str) -> dict:
     data["stored"]["earlier"] = earlier
     path.write_text(json.dumps(data, indent=1) + "\n")
     return data["stored"]
+
+
+def restamp_checked(path, *, sources, check, job: str) -> int:
+    """A sweep script's ``--restamp``: when the code behind the results at ``path``
+    has changed, ``check(path)`` reruns one job of the sweep (``job`` names it) with
+    today's code and returns its largest differences from the record and ``"ok"``;
+    only if that is true is today's fingerprint recorded (:func:`restamp`), with a
+    note giving the differences. Returns the script's exit status: 0 when the file
+    records today's code at the end, 1 when the job did not reproduce its record (the
+    whole sweep must then be rerun)."""
+    path = Path(path)
+    changed = changed_sources(path, sources)
+    if not changed:
+        print(f"{path} already records today's code")
+        return 0
+    t0 = time.time()
+    res = check(path)
+    print(f"changed: {', '.join(changed)}; rerun of {job}: {res}")
+    if not res["ok"]:
+        print("the job does not reproduce its record: rerun the whole sweep")
+        return 1
+    diffs = ", ".join(f"{k} {v:.1e}" for k, v in res.items() if k != "ok")
+    note = (
+        f"Restamped without a rerun: {', '.join(changed)} changed; rerun with "
+        f"today's code, {job} reproduced its record (largest differences: {diffs}; "
+        f"{time.time() - t0:.0f} s)."
+    )
+    restamp(path, sources=sources, note=note)
+    print(note)
+    return 0
 
 
 def load(path, *, script: str, sources, hint: str = "") -> dict:
