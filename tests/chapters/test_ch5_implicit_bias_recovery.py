@@ -12,34 +12,23 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.nn.functional as F
+from test_ch5_implicit_bias import TINY
 
 from fmlab.chapters import ch5_implicit_bias as ch5
 from fmlab.models.masked_lm import BiGRUMaskedLM
 from fmlab.repro import make_generator
 
-SMALL = ch5.SameLossConfig(
+# the tiny config of test_ch5_implicit_bias, with three seeds, no continued SGD from
+# the pretrained models and two recovery arms of two checkpoints
+SMALL = replace(
+    TINY,
     n_models=3,
     sgd_models=2,
-    hidden=4,
-    d_ff=6,
-    pretrain_steps=4,
-    pretrain_batch=8,
     continue_steps=0,
-    adversarial_steps=2,
-    adversarial_batch=16,
-    reconverge_steps=2,
     recovery_steps=4,
     recovery_checkpoints=2,
     recovery_batches=(8, 16),
     recovery_lrs=(0.1, 0.2),
-    recovery_sizes=(20, 40),
-    recovery_test=30,
-    probe_sizes=(20, 40),
-    n_probe_test=50,
-    n_gap=30,
-    n_trace=6,
-    n_bartlett=4,
-    bartlett_probes=2,
 )
 
 

@@ -116,6 +116,17 @@ class _Masked(nn.Module):
         return self.m.masked_logits(tokens, positions)
 
 
+def _masked_inputs(model, tokens, positions):
+    """The checked (sentence, masked position) pairs of the Fisher traces: the wrapped
+    model that reads them, the pairs as one ``(n, T + 1)`` tensor, and ``T``."""
+    _check_model(model)
+    tokens = model.check_tokens(tokens)[0]
+    if positions.shape != tokens.shape[:1]:
+        raise ValueError("positions must have shape (n,) matching tokens (n, T)")
+    inputs = torch.cat([tokens, positions[:, None]], dim=1)
+    return _Masked(model), inputs, model.config.length
+
+
 def bert_fisher_trace(
     model: EnsembleBert,
     tokens: torch.Tensor,
@@ -132,14 +143,8 @@ def bert_fisher_trace(
     (``per_group``), with the blocks ``encoder`` and ``head`` (:func:`bert_blocks`) or
     any other partition of the parameter names (``blocks``).
     """
-    _check_model(model)
-    tokens = model.check_tokens(tokens)[0]
-    T = model.config.length
-    if positions.shape != tokens.shape[:1]:
-        raise ValueError("positions must have shape (n,) matching tokens (n, T)")
-    wrap = _Masked(model)
+    wrap, inputs, T = _masked_inputs(model, tokens, positions)
     params = {k: v.detach() for k, v in wrap.named_parameters()}
-    inputs = torch.cat([tokens, positions[:, None]], dim=1)
 
     def logits_fn(p, xp):
         return functional_call(wrap, p, (xp[:, :T], xp[:, T]))
@@ -175,15 +180,9 @@ def bert_log_fisher_trace(
     :math:`c` and the keys divided by it, or the token and position embeddings times
     :math:`c` before a normalisation without gain), since
     :math:`c_i w_i\,\partial_{c_i w_i} = w_i\,\partial_{w_i}` there."""
-    _check_model(model)
-    tokens = model.check_tokens(tokens)[0]
-    T = model.config.length
-    if positions.shape != tokens.shape[:1]:
-        raise ValueError("positions must have shape (n,) matching tokens (n, T)")
-    wrap = _Masked(model)
+    wrap, inputs, T = _masked_inputs(model, tokens, positions)
     base = {k: v.detach() for k, v in wrap.named_parameters()}
     zeros = {k: torch.zeros_like(v) for k, v in base.items()}
-    inputs = torch.cat([tokens, positions[:, None]], dim=1)
 
     def weights(u):
         return {k: base[k] * u[k].exp() for k in base}
@@ -676,6 +675,7 @@ def width_sweep_sources() -> list:
         train_scheduled,
         bert_kl_gap,
         bert_fisher_trace,
+        _masked_inputs,
         _Masked,
         head_trace_closed_form,
         probe_curve,
