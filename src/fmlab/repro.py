@@ -1,4 +1,4 @@
-"""Seeding, determinism, threads, config hashing and device choice.
+"""Seeding, determinism, threads, config and code hashing, and device choice.
 
 Every chapter calls :func:`seed_everything` once per experiment; there is no other
 source of randomness in fmlab except explicit ``torch.Generator`` objects made by
@@ -17,14 +17,17 @@ different offsets never share a trained model.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import os
 import random
 import re
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -33,6 +36,9 @@ from ._validate import check_int
 
 __all__ = [
     "code_fingerprint",
+    "import_closure",
+    "module_parts",
+    "package_imports",
     "seed_everything",
     "make_generator",
     "seed_offset",
@@ -187,9 +193,122 @@ def get_device() -> torch.device:
 _PACKAGE_ROOT = Path(__file__).resolve().parent
 
 
-# Modules that judge or draw results but never compute them: a cached result does not
-# depend on them (the outputs of a chapter page do).
-_PRESENTATION = ("claims.py", "viz.py")
+# Modules that judge, draw or load results but never compute them: a cached model does
+# not depend on them (the outputs of a chapter page do). ``stored.py`` loads the
+# results files that scripts outside the build wrote.
+_PRESENTATION = ("claims.py", "viz.py", "stored.py")
+
+
+def _presentation(rel: str) -> bool:
+    return rel in _PRESENTATION or rel.endswith("_figures.py")
+
+
+def module_parts(path: Path, root: Path) -> tuple[str, ...]:
+    """The dotted parts below the package of the module at ``path``.
+
+    ``root`` is the package's directory: ``root/chapters/ch4_world.py`` is
+    ``("chapters", "ch4_world")`` and ``root/adapt/__init__.py`` is ``("adapt",)``.
+    """
+    parts = Path(path).relative_to(root).with_suffix("").parts
+    return parts[:-1] if parts[-1] == "__init__" else parts
+
+
+def _package_modules(root: Path) -> dict[tuple[str, ...], Path]:
+    """Each module of the package under ``root`` by its parts; a package's parts map
+    to its ``__init__.py``, which Python prefers to a module file of the same name."""
+    modules = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = module_parts(path, root)
+        if path.name == "__init__.py" or parts not in modules:
+            modules[parts] = path
+    return modules
+
+
+@functools.lru_cache(maxsize=512)
+def _import_statements(source: bytes) -> tuple:
+    """(line, level, module, names) of every import statement in ``source``, names
+    None for ``import module``; kept per source text, since :func:`fmlab.cached`
+    fingerprints the code at every call and parsing is the slow part."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            names = tuple(a.name for a in node.names)
+            out.append((node.lineno, node.level, node.module, names))
+        elif isinstance(node, ast.Import):
+            out += [(node.lineno, 0, a.name, None) for a in node.names]
+    return tuple(out)
+
+
+def _imports(path: Path, root: Path, modules: dict) -> list[tuple[int, tuple]]:
+    here = module_parts(path, root)
+    package = here if path.name == "__init__.py" else here[:-1]
+    out = []
+    for line, level, module, names in _import_statements(path.read_bytes()):
+        dotted = tuple(module.split(".")) if module else ()
+        if level:
+            if level - 1 > len(package):
+                continue  # beyond the top-level package: not an import of it
+            mod = package[: len(package) - (level - 1)] + dotted
+        elif dotted[0] == root.name:
+            mod = dotted[1:]
+        else:
+            continue  # another package
+        out.append((line, mod))
+        out += [(line, mod + (n,)) for n in names or () if mod + (n,) in modules]
+    return out
+
+
+def package_imports(path: Path, root: Path) -> list[tuple[int, tuple[str, ...]]]:
+    """(line, module's parts below the package) for every import of the package.
+
+    Every ``import`` statement of the file at ``path`` is read with :mod:`ast`,
+    function-level ones included; ``root`` is the package's directory, whose name is
+    the package's (absolute imports of ``fmlab.x`` count when it is ``fmlab``).
+    Relative imports are resolved against the module's package. ``from P import x``
+    names ``P`` and also ``P.x`` when that is a module of the package (``from . import
+    x``, ``from ..adapt import probes``). Imports of other packages are left out.
+    """
+    path, root = Path(path), Path(root)
+    return _imports(path, root, _package_modules(root))
+
+
+def import_closure(
+    paths, root: Path, *, skip: Callable[[str], bool] | None = None
+) -> list[Path]:
+    """The package's modules that importing the modules at ``paths`` runs, sorted.
+
+    The modules at ``paths`` (files inside ``root``, the package's directory), every
+    module of the package that they import (:func:`package_imports`), transitively,
+    and the ``__init__.py`` of every package that holds one of them, since Python runs
+    it first. A module whose path relative to ``root`` (e.g. ``"claims.py"``) makes
+    ``skip`` true is left out, and so is what only it imports.
+    """
+    root = Path(root).resolve()
+    modules = _package_modules(root)
+    todo = [Path(p).resolve() for p in paths]
+    outside = [str(p) for p in todo if p not in modules.values()]
+    if outside:
+        raise ValueError(f"paths must be modules of the package at {root}: {outside}")
+    seen: set[Path] = set()
+    while todo:
+        path = todo.pop()
+        if path in seen or (skip is not None and skip(_rel(path, root))):
+            continue
+        seen.add(path)
+        targets = [module_parts(path, root)]
+        targets += [t for _, t in _imports(path, root, modules)]
+        for target in targets:
+            # importing a module runs the __init__.py of each package above it first
+            todo += [
+                modules[t]
+                for i in range(len(target) + 1)
+                if (t := target[:i]) in modules
+            ]
+    return sorted(seen)
+
+
+def _rel(path: Path, root: Path) -> str:
+    return path.relative_to(root).as_posix()
 
 
 def code_fingerprint(
@@ -197,29 +316,39 @@ def code_fingerprint(
 ) -> str:
     """A hash of the fmlab source that a chapter's results depend on.
 
-    With ``chapter`` (e.g. ``"ch4"``): every module outside ``fmlab/chapters`` plus that
-    chapter's modules, so an edit to another chapter leaves the fingerprint unchanged.
-    With ``chapter=None``: the whole package. By default (the key of
-    :func:`fmlab.cached`) the modules that only judge or draw results are left out
-    (``claims.py``, ``viz.py`` and the chapters' ``chN_figures.py``); with
-    ``outputs=True`` (the key of a chapter page's executed outputs) they count too. The
-    bytes of each file are hashed with its path, so a comment edit changes the
-    fingerprint too (a safe, simple rule).
+    With ``chapter`` (e.g. ``"ch4"``): the chapter's modules
+    (``fmlab/chapters/ch4_*.py``) and every fmlab module that they import, directly or
+    through other modules, function-level imports included, with the ``__init__.py``
+    of each package on the way (their import closure, :func:`import_closure`, read
+    from the source with :mod:`ast`). An edit to a module that the chapter does not
+    import, another chapter's included, leaves the fingerprint unchanged. With
+    ``chapter=None``: the whole package. By default (the key of :func:`fmlab.cached`)
+    the modules that only judge, draw or load results are left out, and so is what
+    only they import: ``claims.py``, ``viz.py``, ``stored.py`` and the chapters'
+    ``chN_figures.py``. With ``outputs=True`` (the key of a chapter page's executed
+    outputs) they count too, the chapter's ``chN_figures.py`` and its imports
+    included. ``root`` is the package's directory (default: this fmlab). The bytes of
+    each file are hashed with its path, so a comment edit changes the fingerprint too
+    (a safe, simple rule).
     """
-    root = _PACKAGE_ROOT if root is None else Path(root)
+    root = (_PACKAGE_ROOT if root is None else Path(root)).resolve()
     if chapter is not None and (
         not isinstance(chapter, str) or not re.fullmatch(r"ch\d+", chapter)
     ):
         raise ValueError(f"chapter must look like 'ch4' or be None, got {chapter!r}")
+    skip = None if outputs else _presentation
+    if chapter is None:
+        paths = [
+            p for p in root.rglob("*.py") if skip is None or not skip(_rel(p, root))
+        ]
+    else:
+        own = sorted((root / "chapters").glob(f"{chapter}_*.py"))
+        if not own:
+            raise ValueError(
+                f"chapter {chapter!r} has no module {root / 'chapters'}/{chapter}_*.py"
+            )
+        paths = import_closure(own, root, skip=skip)
     h = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        rel = path.relative_to(root).as_posix()
-        drawing = rel in _PRESENTATION or rel.endswith("_figures.py")
-        if drawing and not outputs:
-            continue
-        if chapter is not None and rel.startswith("chapters/ch"):
-            name = rel.split("/", 1)[1]
-            if name.split("_", 1)[0] != chapter:
-                continue
-        h.update(rel.encode() + b"\0" + path.read_bytes() + b"\0")
+    for path in sorted(paths):
+        h.update(_rel(path, root).encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()[:16]

@@ -254,11 +254,13 @@ def cached(config, build: Callable[[], object], *, name: str):
 
     The key hashes ``config``, the seed offset (:func:`fmlab.repro.seed_offset`), so
     that runs at different offsets never share an entry, and the code that computes
-    the entry (:func:`fmlab.repro.code_fingerprint`: the core, theory, data, models and
-    adapt layers plus the modules of the chapter that defines ``build``, leaving out
-    the modules that only judge or draw; the whole package when ``build`` is defined
-    elsewhere). Editing the library therefore never
-    serves a stale entry, and no cache name needs a hand-written version.
+    the entry (:func:`fmlab.repro.code_fingerprint`: the modules of the chapter that
+    defines ``build`` and every fmlab module that they import, directly or through
+    others, leaving out the modules that only judge, draw or load results, i.e.
+    ``claims.py``, ``viz.py``, ``stored.py`` and the chapters' ``chN_figures.py``; the
+    whole package, less those, when ``build`` is defined elsewhere). Editing the
+    library therefore never serves a stale entry, editing a module that the chapter
+    does not import keeps its entries, and no cache name needs a hand-written version.
     """
     if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(f"name must be an identifier-like string, got {name!r}")

@@ -1,13 +1,16 @@
 """The package's layers hold: ``core < theory < {data, models} < adapt < chapters``.
 
 Every import in ``src/fmlab`` (function-level ones included) is read with :mod:`ast`
-and checked against that order; a chapter module imports no other chapter.
+(:func:`fmlab.repro.package_imports`, the reader behind the cache keys) and checked
+against that order; a chapter module imports no other chapter.
 """
 
 import ast
 from pathlib import Path
 
 import pytest
+
+from fmlab.repro import import_closure, module_parts, package_imports
 
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "fmlab"
 
@@ -21,43 +24,12 @@ def layer(parts: tuple[str, ...]) -> str:
     return parts[0] if parts and parts[0] in RANK else "core"
 
 
-def module_parts(path: Path, package: Path) -> tuple[str, ...]:
-    rel = path.relative_to(package).with_suffix("")
-    parts = rel.parts
-    return parts[:-1] if parts[-1] == "__init__" else parts
-
-
-def imports(path: Path, root: Path) -> list[tuple[int, tuple[str, ...]]]:
-    """(line, imported module's parts below ``fmlab``) for every fmlab import."""
-    here = module_parts(path, root)
-    package = here if path.name == "__init__.py" else here[:-1]
-    out = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package[: len(package) - (node.level - 1)]
-                mod = base + tuple(node.module.split(".") if node.module else ())
-            elif node.module and node.module.split(".")[0] == "fmlab":
-                mod = tuple(node.module.split(".")[1:])
-            else:
-                continue
-            names = [a.name for a in node.names]
-            # `from . import x` names submodules
-            targets = [mod + (n,) for n in names] if not node.module else [mod]
-            out += [(node.lineno, t) for t in targets]
-        elif isinstance(node, ast.Import):
-            for a in node.names:
-                if a.name.split(".")[0] == "fmlab":
-                    out.append((node.lineno, tuple(a.name.split(".")[1:])))
-    return out
-
-
 def violations(root: Path = PACKAGE) -> list[str]:
     bad = []
     for path in sorted(root.rglob("*.py")):
         here = module_parts(path, root)
         src_layer = layer(here)
-        for line, target in imports(path, root):
+        for line, target in package_imports(path, root):
             dst_layer = layer(target)
             where = f"{path.relative_to(root)}:{line} imports fmlab.{'.'.join(target)}"
             if RANK[dst_layer] > RANK[src_layer]:
@@ -123,3 +95,47 @@ def test_each_public_name_is_defined_once():
             for node in ast.walk(ast.parse("".join(cell["source"]).replace("%", "#"))):
                 if isinstance(node, ast.ClassDef):
                     assert node.name not in where, f"{nb.name} shadows {node.name}"
+
+
+def notebook_imports(notebook: Path) -> set[tuple[str, ...]]:
+    """The fmlab modules a notebook imports, as parts below ``fmlab``."""
+    import json
+
+    found = set()
+    for cell in json.loads(notebook.read_text())["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        lines = "".join(cell["source"]).splitlines()
+        code = "\n".join("" if ln.lstrip()[:1] in "%!" else ln for ln in lines)
+        for node in ast.walk(ast.parse(code)):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            for name in names:
+                parts = tuple(name.split("."))
+                if parts[0] == "fmlab":
+                    found.add(parts[1:])
+    return found
+
+
+@pytest.mark.parametrize(
+    "notebook",
+    sorted((PACKAGE.parents[1] / "notebooks").glob("*.ipynb")),
+    ids=lambda p: p.stem,
+)
+def test_each_page_imports_only_what_its_outputs_key_hashes(notebook):
+    """A page's execution-cache key (``code_fingerprint(chapter, outputs=True)``)
+    hashes the import closure of its chapter's modules, figures included; a module
+    that the page imported from outside that closure would leave the key stale."""
+    chapter = f"ch{int(notebook.name[:2])}"
+    own = sorted((PACKAGE / "chapters").glob(f"{chapter}_*.py"))
+    hashed = {module_parts(p, PACKAGE) for p in import_closure(own, PACKAGE)}
+    modules = {
+        parts
+        for parts in notebook_imports(notebook)
+        if (PACKAGE.joinpath(*parts).with_suffix(".py")).exists()
+        or (PACKAGE.joinpath(*parts) / "__init__.py").exists()
+    }
+    assert sorted(modules - hashed) == []

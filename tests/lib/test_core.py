@@ -22,7 +22,7 @@ from fmlab import (
     train,
 )
 from fmlab._validate import check_float, check_int, check_tensor
-from fmlab.repro import code_fingerprint
+from fmlab.repro import code_fingerprint, import_closure, package_imports
 
 
 # -- validation -------------------------------------------------------------------
@@ -274,6 +274,106 @@ def test_code_fingerprint_follows_the_code(tmp_path):
     assert code_fingerprint("ch1", root=pkg) != before["ch1"]
     with pytest.raises(ValueError, match="chapter"):
         code_fingerprint("four")
+    with pytest.raises(ValueError, match="ch9"):
+        code_fingerprint("ch9", root=pkg)
+
+
+# A package whose imports are known: (path, source) of each module.
+_TOY_PACKAGE = {
+    "__init__.py": "from .claims import claim\nfrom .train import fit\n",
+    "claims.py": "import json\n",
+    "viz.py": "",
+    "stored.py": "from .repro import seed\n",
+    "train.py": "from fmlab.repro import seed\n",
+    "repro.py": "",
+    "lonely.py": "",
+    "theory/__init__.py": "",
+    "theory/mid.py": "def f():\n    from . import deep, name\n",
+    "theory/deep.py": "",
+    "data/__init__.py": "from .base import D\n",
+    "data/base.py": "",
+    "data/extra.py": "",
+    "chapters/__init__.py": "",
+    "chapters/ch1_a.py": (
+        "from ..theory import mid\nimport fmlab.data\nfrom .. import stored\n"
+    ),
+    "chapters/ch1_figures.py": "from ..viz import table\nfrom ..data import extra\n",
+    "chapters/ch2_b.py": "from fmlab.data.extra import y\n",
+}
+
+
+def _toy_package(tmp_path) -> Path:
+    pkg = tmp_path / "fmlab"
+    for rel, source in _TOY_PACKAGE.items():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text(source)
+    return pkg
+
+
+def test_import_closure_reads_every_kind_of_import(tmp_path):
+    """Relative, absolute and function-level imports, ``from . import x`` of a module
+    (and not of a mere name), and the ``__init__.py`` of every package on the way."""
+    pkg = _toy_package(tmp_path)
+    a = pkg / "chapters" / "ch1_a.py"
+    assert set(package_imports(a, pkg)) == {
+        (1, ("theory",)),
+        (1, ("theory", "mid")),
+        (2, ("data",)),
+        (3, ()),
+        (3, ("stored",)),
+    }
+    assert package_imports(pkg / "theory" / "mid.py", pkg) == [
+        (2, ("theory",)),
+        (2, ("theory", "deep")),
+    ]
+
+    def closure(*paths, skip=None):
+        found = import_closure([pkg / p for p in paths], pkg, skip=skip)
+        return {p.relative_to(pkg).as_posix() for p in found}
+
+    core = {"__init__.py", "claims.py", "train.py", "repro.py", "chapters/__init__.py"}
+    ch1 = {"chapters/ch1_a.py", "theory/__init__.py", "theory/mid.py"}
+    ch1 |= {"theory/deep.py", "data/__init__.py", "data/base.py", "stored.py"}
+    assert closure("chapters/ch1_a.py") == core | ch1
+    assert closure("chapters/ch1_a.py", skip=lambda rel: rel == "stored.py") == (
+        core | ch1
+    ) - {"stored.py"}
+    assert closure("chapters/ch2_b.py") == core | {
+        "chapters/ch2_b.py",
+        "data/__init__.py",
+        "data/base.py",
+        "data/extra.py",
+    }
+    with pytest.raises(ValueError, match="paths"):
+        import_closure([tmp_path / "elsewhere.py"], pkg)
+
+
+def test_code_fingerprint_keys_on_the_import_closure(tmp_path):
+    """An edit changes the key of exactly the chapters whose modules import the edited
+    one, directly or transitively; ``stored.py``, ``claims.py``, ``viz.py`` and a
+    chapter's figures enter its outputs key only."""
+    pkg = _toy_package(tmp_path)
+    keys = [(c, o) for c in ("ch1", "ch2", None) for o in (False, True)]
+
+    def edit(rel):
+        before = {k: code_fingerprint(k[0], outputs=k[1], root=pkg) for k in keys}
+        (pkg / rel).write_text((pkg / rel).read_text() + "# an edit\n")
+        after = {k: code_fingerprint(k[0], outputs=k[1], root=pkg) for k in keys}
+        return {k for k in keys if after[k] != before[k]}
+
+    whole = {(None, False), (None, True)}  # the package, results and outputs
+    shown = {(None, True)}  # the package's outputs only
+    assert edit("lonely.py") == whole  # imported by nobody
+    assert edit("theory/deep.py") == whole | {("ch1", False), ("ch1", True)}
+    assert edit("data/extra.py") == whole | {("ch2", False), ("ch2", True)} | {
+        ("ch1", True)  # through ch1's figures
+    }
+    assert edit("data/__init__.py") == whole | {k for k in keys if k[0]}
+    assert edit("stored.py") == shown | {("ch1", True)}
+    assert edit("claims.py") == shown | {("ch1", True), ("ch2", True)}
+    assert edit("viz.py") == shown | {("ch1", True)}
+    assert edit("chapters/ch1_figures.py") == shown | {("ch1", True)}
+    assert edit("repro.py") == set(keys)
 
 
 def test_cached_logs_what_it_computed_and_loaded(tmp_path, monkeypatch):
