@@ -1,7 +1,7 @@
 """Benchmark: pretraining Chapter 4's masked LMs one at a time or stacked (steps/s).
 
 For each width, the chapter's seeds are pretrained for ``--steps`` steps twice: one
-model at a time (the loop of ``fmlab.chapters.ch4_kernel_view.pretrain_masked_lm``, run
+model at a time (the loop of ``fmlab.chapters.ch4_world.pretrain_masked_lm``, run
 without its cache) and all seeds at once as stacked weights
 (``pretrain_masked_lms_stacked``). It prints model-steps per second (one step of one
 model) for both, best of ``--repeats``, wall clock, and the largest difference of the
@@ -32,6 +32,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     os.environ["FMLAB_PROGRESS"] = "0"
     from fmlab.chapters import ch4_kernel_view as ch4
+    from fmlab.chapters import ch4_world as ch4w
 
     chapter = ch4.ChapterConfig()
     for width in chapter.widths:
@@ -47,10 +48,12 @@ def main(argv=None) -> int:
             with tempfile.TemporaryDirectory() as cache:  # a cold cache every time
                 os.environ["FMLAB_CACHE_DIR"] = cache
                 t = time.perf_counter()
-                alone = [ch4.pretrain_masked_lm(c)[1] for c in configs]
+                alone = [ch4w.pretrain_masked_lm(c)[1] for c in configs]
                 best_alone = min(best_alone, time.perf_counter() - t)
             t = time.perf_counter()
-            stacked = [losses for _, losses in ch4.pretrain_masked_lms_stacked(configs)]
+            stacked = [
+                losses for _, losses in ch4w.pretrain_masked_lms_stacked(configs)
+            ]
             best_stacked = min(best_stacked, time.perf_counter() - t)
         diff = max(float((a - s).abs().max()) for a, s in zip(alone, stacked))
         print(

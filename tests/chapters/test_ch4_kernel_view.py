@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from fmlab.chapters import ch4_fewshot
+from fmlab.chapters import ch4_fewshot as ch4f
+from fmlab.chapters import ch4_kernel_behaviour as ch4b
 from fmlab.chapters import ch4_kernel_view as ch4
+from fmlab.chapters import ch4_world as ch4w
 from fmlab.data.sentiment_language import SentimentLanguage, SentimentLanguageConfig
 from fmlab.models.transformer import (
     CLSClassifier,
@@ -41,60 +43,60 @@ def prompt(lang):
 @pytest.fixture(scope="module")
 def data(lang):
     return {
-        "train": ch4.few_shot_task(lang, 4, 0),
-        "val": ch4.few_shot_task(lang, 4, 0, split="validation"),
-        "test": ch4.test_set(lang, 20),
+        "train": ch4w.few_shot_task(lang, 4, 0),
+        "val": ch4w.few_shot_task(lang, 4, 0, split="validation"),
+        "test": ch4w.test_set(lang, 20),
     }
 
 
 def test_a_diverging_run_raises_where_it_happens(prompt, data):
     task = data["train"]
-    with pytest.raises(ch4.FineTuneDiverged, match=r"lr = 1e\+30"):
-        ch4.fine_tune_logistic(
-            prompt, task.x_prompt, task.y, ch4.LogisticFineTuneConfig("sgd", 1e30, 5)
+    with pytest.raises(ch4w.FineTuneDiverged, match=r"lr = 1e\+30"):
+        ch4w.fine_tune_logistic(
+            prompt, task.x_prompt, task.y, ch4w.LogisticFineTuneConfig("sgd", 1e30, 5)
         )
-    tuned = ch4.fine_tune_logistic(
-        prompt, task.x_prompt, task.y, ch4.LogisticFineTuneConfig("sgd", 1e-2, 5)
+    tuned = ch4w.fine_tune_logistic(
+        prompt, task.x_prompt, task.y, ch4w.LogisticFineTuneConfig("sgd", 1e-2, 5)
     )
     assert all(bool(torch.isfinite(p).all()) for p in tuned.parameters())
 
 
 def test_the_grid_drops_and_counts_diverged_candidates(prompt, data):
     configs = [
-        (1.0, ch4.LogisticFineTuneConfig("sgd", 1e-2, 5)),
-        (2.0, ch4.LogisticFineTuneConfig("sgd", 1e30, 5)),
+        (1.0, ch4w.LogisticFineTuneConfig("sgd", 1e-2, 5)),
+        (2.0, ch4w.LogisticFineTuneConfig("sgd", 1e30, 5)),
     ]
-    cands = ch4._fine_tune_grid(prompt, data, "x_prompt", configs, seed=0)
+    cands = ch4f._fine_tune_grid(prompt, data, "x_prompt", configs, seed=0)
     assert [bool(c.get("diverged")) for c in cands] == [False, True]
     assert cands[1]["val_acc"] < 0 and math.isinf(cands[1]["val_loss"])
-    assert ch4._select(cands)["value"] == 1.0  # the finite candidate is chosen
-    with pytest.raises(ch4.FineTuneDiverged, match="every candidate"):
-        ch4._select(cands[1:])
+    assert ch4w._select(cands)["value"] == 1.0  # the finite candidate is chosen
+    with pytest.raises(ch4w.FineTuneDiverged, match="every candidate"):
+        ch4w._select(cands[1:])
 
 
 def test_checkpoints_are_the_shorter_runs(prompt, data):
     task, seen = data["train"], {}
 
     def keep(t, model):
-        seen[t] = ch4.outputs(model, data["test"].x_prompt)
+        seen[t] = ch4w.outputs(model, data["test"].x_prompt)
 
-    cfg = ch4.LogisticFineTuneConfig("sgd", 1e-2, 6)
-    ch4.fine_tune_logistic(
+    cfg = ch4w.LogisticFineTuneConfig("sgd", 1e-2, 6)
+    ch4w.fine_tune_logistic(
         prompt, task.x_prompt, task.y, cfg, checkpoints=(2, 6), on_checkpoint=keep
     )
     for t in (2, 6):  # full-batch steps: the checkpoint is the run stopped there
-        short = ch4.fine_tune_logistic(
-            prompt, task.x_prompt, task.y, ch4.LogisticFineTuneConfig("sgd", 1e-2, t)
+        short = ch4w.fine_tune_logistic(
+            prompt, task.x_prompt, task.y, ch4w.LogisticFineTuneConfig("sgd", 1e-2, t)
         )
-        assert torch.equal(seen[t], ch4.outputs(short, data["test"].x_prompt))
+        assert torch.equal(seen[t], ch4w.outputs(short, data["test"].x_prompt))
     with pytest.raises(ValueError, match="checkpoints"):
-        ch4.fine_tune_logistic(prompt, task.x_prompt, task.y, cfg, checkpoints=(7,))
+        ch4w.fine_tune_logistic(prompt, task.x_prompt, task.y, cfg, checkpoints=(7,))
 
 
 def test_the_wide_grid_keeps_the_checkpoints_before_a_divergence(
     prompt, data, monkeypatch
 ):
-    cfg = ch4.KernelExperimentConfig(
+    cfg = ch4f.KernelExperimentConfig(
         shots=(4,),
         steps=2,
         sgd_lr_scales=(1.0,),
@@ -102,24 +104,22 @@ def test_the_wide_grid_keeps_the_checkpoints_before_a_divergence(
         wide_checkpoints=(1, 3),
     )
     j_train = torch.ones(8, 3)  # K̄ = 3: the wide runs' rates are c / 3
-    real = ch4.fine_tune_logistic
+    real = ch4w.fine_tune_logistic
 
     def diverge_after_first(model, x, y, config, **kw):
         # the run at c = 2 reaches its first checkpoint, then diverges
         if config.lr == pytest.approx(2.0 / 3):
             kw["on_checkpoint"](1, model)
-            raise ch4.FineTuneDiverged("sgd", config.lr, 2, "the loss")
+            raise ch4w.FineTuneDiverged("sgd", config.lr, 2, "the loss")
         return real(model, x, y, config, **kw)
 
-    monkeypatch.setattr(ch4_fewshot, "fine_tune_logistic", diverge_after_first)
+    monkeypatch.setattr(ch4f, "fine_tune_logistic", diverge_after_first)
     every_lazy_diverged = [{"val_acc": -1.0, "val_loss": math.inf, "value": 1.0}]
     every_lazy_diverged[0]["diverged"] = True
     seen = []
-    real_select = ch4._select
-    monkeypatch.setattr(
-        ch4_fewshot, "_select", lambda c: seen.extend(c) or real_select(c)
-    )
-    best, diverged = ch4._wide_grid(
+    real_select = ch4w._select
+    monkeypatch.setattr(ch4f, "_select", lambda c: seen.extend(c) or real_select(c))
+    best, diverged = ch4f._wide_grid(
         prompt, data, "x_prompt", every_lazy_diverged, j_train, cfg, 0
     )
     assert diverged == 1
@@ -133,12 +133,12 @@ def test_the_wide_grid_keeps_the_checkpoints_before_a_divergence(
 
 def test_a_checkpoint_with_a_non_finite_loss_raises(prompt, data):
     task = data["train"]
-    with pytest.raises(ch4.FineTuneDiverged, match="checkpoint|loss|parameter"):
-        ch4.fine_tune_logistic(
+    with pytest.raises(ch4w.FineTuneDiverged, match="checkpoint|loss|parameter"):
+        ch4w.fine_tune_logistic(
             prompt,
             task.x_prompt,
             task.y,
-            ch4.LogisticFineTuneConfig("sgd", 1e30, 3),
+            ch4w.LogisticFineTuneConfig("sgd", 1e30, 3),
             checkpoints=(1,),
             on_checkpoint=lambda t, m: None,
         )
@@ -146,8 +146,8 @@ def test_a_checkpoint_with_a_non_finite_loss_raises(prompt, data):
 
 def test_the_wide_grid_config_and_ridges():
     with pytest.raises(ValueError, match="together"):
-        ch4.KernelExperimentConfig(wide_scales=(4.0,))
-    grid = ch4.wide_grid(30)
+        ch4f.KernelExperimentConfig(wide_scales=(4.0,))
+    grid = ch4f.wide_grid(30)
     assert 1 / (64 * 100) in grid["kernel_regs"] and 1 / 30 in grid["kernel_regs"]
     assert len(set(grid["kernel_regs"])) == len(grid["kernel_regs"])
 
@@ -164,15 +164,15 @@ def test_the_same_steps_analog_follows_a_lazy_fine_tuning_run(prompt, data, sett
     x_key = "x_prompt" if setting == "prompt" else "x_plain"
     x = {s: getattr(data[s], x_key) for s in ("train", "test")}
     j = {s: jacobian(model, x[s]) for s in ("train", "test")}
-    f0 = {s: ch4.outputs(model, x[s]) for s in ("train", "test")}
+    f0 = {s: ch4w.outputs(model, x[s]) for s in ("train", "test")}
     y = {s: data[s].y for s in ("train", "test")}
     scale, steps = 0.05, 5
     lr = scale / float(j["train"].pow(2).sum(1).mean())
-    tuned = ch4.fine_tune_logistic(
-        model, x["train"], y["train"], ch4.LogisticFineTuneConfig("sgd", lr, steps)
+    tuned = ch4w.fine_tune_logistic(
+        model, x["train"], y["train"], ch4w.LogisticFineTuneConfig("sgd", lr, steps)
     )
-    f_ft = ch4.outputs(tuned, x["test"]).double()
-    f_k = ch4.same_steps_outputs(j, f0, y, scale, steps)
+    f_ft = ch4w.outputs(tuned, x["test"]).double()
+    f_k = ch4b.same_steps_outputs(j, f0, y, scale, steps)
     moved = (f_ft - f0["test"].double()).norm()
     assert moved > 0
     assert (f_ft - f_k).norm() / moved < 0.03
@@ -185,15 +185,15 @@ def test_analog_hyperparameters_must_be_in_the_grids():
         kernel_regs=tuple(1 / (c * 30) for c in (0.5, 1, 2, 4, 8)),
         adam_lrs=(5e-5, 1e-4),
     )
-    cfg = ch4.KernelExperimentConfig(analog_lr_scale=1.0, **grid)
+    cfg = ch4f.KernelExperimentConfig(analog_lr_scale=1.0, **grid)
     assert cfg.analog_reg("sgd") == pytest.approx(1 / 30)
     assert cfg.analog_reg("asymmetric_signgd") == pytest.approx(1 / 240)
     with pytest.raises(ValueError, match="analog_lr_scale"):
-        ch4.KernelExperimentConfig(analog_lr_scale=4.0, **grid)
+        ch4f.KernelExperimentConfig(analog_lr_scale=4.0, **grid)
     with pytest.raises(ValueError, match="analog_adam_lr"):
-        ch4.KernelExperimentConfig(analog_lr_scale=1.0, analog_adam_lr=1e-3, **grid)
+        ch4f.KernelExperimentConfig(analog_lr_scale=1.0, analog_adam_lr=1e-3, **grid)
     with pytest.raises(ValueError, match="kernel_regs"):
-        ch4.KernelExperimentConfig(
+        ch4f.KernelExperimentConfig(
             analog_lr_scale=1.0, **{**grid, "kernel_regs": (1e-3, 1e-2)}
         )
 
@@ -219,7 +219,7 @@ def tiny(tmp_path_factory):
 
 def test_the_chapter_config_builds_the_pretraining_config():
     pre = ch4.ChapterConfig().pretrain
-    assert pre == ch4.MLMPretrainConfig(
+    assert pre == ch4w.MLMPretrainConfig(
         language=SentimentLanguageConfig(prior_positive=0.8)
     )
     assert ch4.ChapterConfig().widths == (16, 32)
@@ -228,20 +228,20 @@ def test_the_chapter_config_builds_the_pretraining_config():
 
 
 def test_setting_scores_the_prompt_it_returns(tiny):
-    f = ch4.outputs(tiny.prompt_model, tiny.test.x_prompt)
-    assert tiny.zero_shot == ch4.sign_accuracy(f, tiny.test.y)
+    f = ch4w.outputs(tiny.prompt_model, tiny.test.x_prompt)
+    assert tiny.zero_shot == ch4w.sign_accuracy(f, tiny.test.y)
     assert tiny.n_params == sum(p.numel() for p in tiny.prompt_model.parameters())
     assert tiny.pretrain_losses.shape == (TINY.pretrain_steps,)
     assert 0.5 < tiny.bayes_accuracy <= 1.0
 
 
 def test_lazy_grid_pairs_each_ridge_with_a_learning_rate():
-    grid = ch4.lazy_grid(30)
+    grid = ch4f.lazy_grid(30)
     assert grid["sgd_lr_scales"] == (0.5, 1.0, 2.0)
     assert grid["kernel_regs"] == pytest.approx(
         [1 / 15, 1 / 30, 1 / 60, 1 / 120, 1 / 240]
     )
-    cfg = ch4.KernelExperimentConfig(analog_lr_scale=1.0, adam_lrs=(5e-5,), **grid)
+    cfg = ch4f.KernelExperimentConfig(analog_lr_scale=1.0, adam_lrs=(5e-5,), **grid)
     assert cfg.analog_reg("sgd") == pytest.approx(1 / 30)
 
 
@@ -262,15 +262,15 @@ def test_signgd_steps_are_first_order(tiny):
 
 
 def test_few_shot_runs_merge_the_experiments(tiny):
-    grid = ch4.lazy_grid(2)
+    grid = ch4f.lazy_grid(2)
     configs = tuple(
-        ch4.KernelExperimentConfig(
+        ch4f.KernelExperimentConfig(
             shots=(k,), seeds=(0, 1, 2), n_test=20, methods="sgd", **grid
         )
         for k in (1, 2)
     )
-    runs = ch4.few_shot_runs(TINY.pretrain, configs)
-    one = ch4.run_kernel_experiment(TINY.pretrain, configs[1])
+    runs = ch4f.few_shot_runs(TINY.pretrain, configs)
+    one = ch4f.run_kernel_experiment(TINY.pretrain, configs[1])
     key = ("prompt", "SGD-FT", 2)
     assert runs.shots == (1, 2)
     assert runs.accuracy[key].tolist() == one.accuracy[key]
@@ -292,7 +292,7 @@ def test_few_shot_runs_merge_the_experiments(tiny):
     assert runs.kernel_change_growth() == pytest.approx(growth)
     assert runs.lr_scales == {1: grid["sgd_lr_scales"], 2: grid["sgd_lr_scales"]}
     assert runs.diverged == sum(one.diverged.values()) + sum(
-        ch4.run_kernel_experiment(TINY.pretrain, configs[0]).diverged.values()
+        ch4f.run_kernel_experiment(TINY.pretrain, configs[0]).diverged.values()
     )
 
 
@@ -311,32 +311,32 @@ def test_width_test_and_label_words(tiny):
     assert all(len(v) == 2 for v in stats.values())
     assert 0 < ch4.bayes_output_derivative(tiny.lang, 2000) < 0.5
     words = ch4.label_word_swap(tiny, shots=2, seeds=(0, 1))
-    f = ch4.outputs(
+    f = ch4w.outputs(
         PromptClassifier(tiny.mlm, tiny.lang, label_words=("movie", "film")),
         tiny.test.x_prompt,
     )
-    assert words.zero_shot == ch4.sign_accuracy(f, tiny.test.y)
+    assert words.zero_shot == ch4w.sign_accuracy(f, tiny.test.y)
     assert words.entk.shape == words.entk_natural.shape == (2,)
 
 
 def test_stacked_pretraining_matches_separate_runs(tmp_path, monkeypatch):
     """Oracle: the same models trained one at a time by pretrain_masked_lm."""
     monkeypatch.setenv("FMLAB_CACHE_DIR", str(tmp_path))
-    base = ch4.MLMPretrainConfig(
+    base = ch4w.MLMPretrainConfig(
         language=SentimentLanguageConfig(max_units=4), d_model=8, n_heads=2, steps=6
     )
     configs = tuple(dataclasses.replace(base, seed=s) for s in (0, 3))
-    stacked = ch4.pretrain_masked_lms_stacked(configs)
+    stacked = ch4w.pretrain_masked_lms_stacked(configs)
     for config, (model, losses) in zip(configs, stacked):
-        alone, alone_losses = ch4.pretrain_masked_lm(config)
+        alone, alone_losses = ch4w.pretrain_masked_lm(config)
         assert losses[0] == alone_losses[0]  # the first step's loss: bit for bit
         torch.testing.assert_close(losses, alone_losses, rtol=1e-4, atol=1e-5)
         # the functions (not every weight: the key bias of attention has a zero gradient
         # in exact arithmetic, so Adam turns its rounding noise into steps of size lr)
-        x = ch4.test_set(SentimentLanguage(base.language), 20).x_prompt
+        x = ch4w.test_set(SentimentLanguage(base.language), 20).x_prompt
         torch.testing.assert_close(model(x), alone(x), rtol=1e-3, atol=1e-3)
     with pytest.raises(ValueError, match="only in their seed"):
-        ch4.pretrain_masked_lms_stacked((base, dataclasses.replace(base, lr=1e-3)))
+        ch4w.pretrain_masked_lms_stacked((base, dataclasses.replace(base, lr=1e-3)))
 
 
 def test_start_measures_read_the_head_share_and_the_output_derivative(prompt, data):
@@ -345,25 +345,25 @@ def test_start_measures_read_the_head_share_and_the_output_derivative(prompt, da
     x, y = data["train"].x_plain, data["train"].y
     std0 = CLSClassifier(prompt.mlm, seed=0)  # a fresh head: Γ ~ N(0, I/d), c = 0
     j = jacobian(std0, x)
-    f0 = ch4.outputs(std0, x)
-    got = ch4.start_measures(std0, j, f0, {"train": y})
+    f0 = ch4w.outputs(std0, x)
+    got = ch4b.start_measures(std0, j, f0, {"train": y})
     # the head's gradient is (h_[CLS], 1): its share of tr K is Σ(|h|² + 1) / tr K
-    h = ch4.outputs(std0.mlm.hidden, x)[:, 0].double()
+    h = ch4w.outputs(std0.mlm.hidden, x)[:, 0].double()
     share = float((h.pow(2).sum(1) + 1).sum() / j.double().pow(2).sum())
     assert got["head_share"] == pytest.approx(share, rel=1e-4)
     chi = (y * torch.sigmoid(-y * f0)).abs().mean()
     assert got["chi_train"] == pytest.approx(float(chi))
     assert (
-        ch4.start_measures(
+        ch4b.start_measures(
             prompt,
             jacobian(prompt, data["train"].x_prompt),
-            ch4.outputs(prompt, data["train"].x_prompt),
+            ch4w.outputs(prompt, data["train"].x_prompt),
             {"train": y},
         )["head_share"]
         == 0.0
     )
     with pytest.raises(ValueError, match="standard_head"):
-        ch4.KernelExperimentConfig(standard_head="zero")
+        ch4f.KernelExperimentConfig(standard_head="zero")
 
 
 def test_the_batch1_signgd_analog_follows_a_small_signgd_run(prompt, data):
@@ -374,20 +374,20 @@ def test_the_batch1_signgd_analog_follows_a_small_signgd_run(prompt, data):
     x = {s: data[s].x_prompt for s in ("train", "test")}
     y = {s: data[s].y for s in ("train", "test")}
     j = {s: jacobian(prompt, x[s]) for s in ("train", "test")}
-    f0 = {s: ch4.outputs(prompt, x[s]) for s in ("train", "test")}
+    f0 = {s: ch4w.outputs(prompt, x[s]) for s in ("train", "test")}
     lr, steps = 1e-4, 12  # 8 examples: one and a half passes, a reshuffle between
-    assert sorted(ch4.batch1_order(8, steps, 3)[:8]) == list(range(8))
-    tuned = ch4.fine_tune_logistic(
+    assert sorted(ch4b.batch1_order(8, steps, 3)[:8]) == list(range(8))
+    tuned = ch4w.fine_tune_logistic(
         prompt,
         x["train"],
         y["train"],
-        ch4.LogisticFineTuneConfig("signgd", lr, steps, batch_size=1),
+        ch4w.LogisticFineTuneConfig("signgd", lr, steps, batch_size=1),
         seed=3,
     )
-    f_ft = ch4.outputs(tuned, x["test"]).double()
-    f_k = ch4.signgd_same_steps_outputs(j, f0, y, lr, steps, 3)
+    f_ft = ch4w.outputs(tuned, x["test"]).double()
+    f_k = ch4b.signgd_same_steps_outputs(j, f0, y, lr, steps, 3)
     moved = (f_ft - f0["test"].double()).norm()
     assert moved > 0
     assert (f_ft - f_k).norm() / moved < 0.05
-    other = ch4.signgd_same_steps_outputs(j, f0, y, lr, steps, 4)  # another order
+    other = ch4b.signgd_same_steps_outputs(j, f0, y, lr, steps, 4)  # another order
     assert (f_ft - f_k).norm() < (f_ft - other).norm()

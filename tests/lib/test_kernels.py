@@ -16,7 +16,8 @@ from fmlab.adapt.lora import (
     only_targets_trainable,
     weight_gradients,
 )
-from fmlab.chapters.ch4_kernel_view import (
+from fmlab.chapters.ch4_kernel_behaviour import signgd_step_check
+from fmlab.chapters.ch4_world import (
     LogisticFineTuneConfig,
     few_shot_task,
     fine_tune_logistic,
@@ -24,7 +25,6 @@ from fmlab.chapters.ch4_kernel_view import (
     logistic_loss,
     logistic_probe_head,
     output_derivative,
-    signgd_step_check,
 )
 from fmlab.data.sentiment_language import SentimentLanguage, SentimentLanguageConfig
 from fmlab.models.transformer import (

@@ -2,7 +2,8 @@
 kernel analogs over shots and seeds, every hyperparameter chosen on validation data
 (:func:`run_kernel_experiment`, :func:`few_shot_runs`), and the grids they search.
 
-Re-exported by :mod:`fmlab.chapters.ch4_kernel_view`, which describes the chapter.
+:mod:`fmlab.chapters.ch4_kernel_view` describes the chapter and holds its pages'
+runners.
 """
 
 from __future__ import annotations

@@ -390,7 +390,7 @@ BARS = (
 
 def few_shot_table(runs, bayes_accuracy: float):
     """Test accuracy of every method, mean ± standard error over runs, per k
-    (``runs``: a :class:`~fmlab.chapters.ch4_kernel_view.FewShotRuns`)."""
+    (``runs``: a :class:`~fmlab.chapters.ch4_fewshot.FewShotRuns`)."""
     acc = runs.accuracy
     rows = [
         {"setting": setting, "method": method}

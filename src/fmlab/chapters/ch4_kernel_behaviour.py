@@ -4,7 +4,8 @@ fine-tuning run (Definition 3.2 of Malladi et al., 2023), its step-matched kerne
 analog, the one-step check of Theorem 4.3, LoRA's kernel error and the output
 derivative against width (Definition 5.3).
 
-Re-exported by :mod:`fmlab.chapters.ch4_kernel_view`, which describes the chapter.
+:mod:`fmlab.chapters.ch4_kernel_view` describes the chapter and holds its pages'
+runners.
 """
 
 from __future__ import annotations

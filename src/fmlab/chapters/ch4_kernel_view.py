@@ -8,32 +8,34 @@ solved in two *settings* (Section 3.1 of Malladi et al., 2023):
 
 - **prompt-based**: the input is ``[CLS] <sentence> it was [MASK] .`` and the model
   output is the difference of the label-word logits at ``[MASK]``, :math:`f(x) =
-  \\text{logit}_{great} - \\text{logit}_{terrible}` (:class:`PromptClassifier`);
+  \\text{logit}_{great} - \\text{logit}_{terrible}`
+  (:class:`~fmlab.models.transformer.PromptClassifier`);
 - **standard**: the input is ``[CLS] <sentence>`` and a new linear head reads the
   ``[CLS]`` position, :math:`f(x) = \\Gamma^\\top h_{[CLS]}(x) + c`
-  (:class:`CLSClassifier`). The head starts fresh, at random (Remark 5.4 and Appendix
-  C.4 of the paper: the setting in which the theory expects fine-tuning to leave its
-  kernel); the *linear-probing* solution (:func:`logistic_probe_head`) is fitted and
-  scored beside it.
+  (:class:`~fmlab.models.transformer.CLSClassifier`). The head starts fresh, at random
+  (Remark 5.4 and Appendix C.4 of the paper: the setting in which the theory expects
+  fine-tuning to leave its kernel); the *linear-probing* solution
+  (:func:`~.ch4_world.logistic_probe_head`) is fitted and scored beside it.
 
 With labels :math:`y \\in \\{\\pm 1\\}` and the logistic loss :math:`\\log(1 + e^{-y
 f})`, binary cross-entropy over the two label words depends on :math:`f` only, so one
 scalar output (and one kernel) describes each setting. Fine-tuning is full-batch SGD,
-Adam or SignGD (:func:`fine_tune_logistic`); the kernel analogs are fitted by kernel
-logistic
-regression (:func:`fmlab.theory.kernels.fit_kernel_logistic`). Every learning rate and
-every ridge is chosen on a validation set of the same size as the training set (``k``
-examples per class), never on the test set (:func:`run_kernel_experiment`).
+Adam or SignGD (:func:`~.ch4_world.fine_tune_logistic`); the kernel analogs are fitted
+by kernel logistic regression (:func:`fmlab.theory.kernels.fit_kernel_logistic`). Every
+learning rate and every ridge is chosen on a validation set of the same size as the
+training set (``k`` examples per class), never on the test set
+(:func:`~.ch4_fewshot.run_kernel_experiment`).
 
-The runners at the end (:func:`setting`, :func:`signgd_steps`, :func:`few_shot_runs`,
-:func:`width_test`, :func:`lora_kernel`, :func:`entk_timing`,
-:func:`label_word_swap`) return what one section of a chapter page shows.
-
-The code lives in three modules re-exported here: :mod:`.ch4_world` (pretraining,
-the tasks, fine-tuning, the linear models), :mod:`.ch4_kernel_behaviour` (kernel
-regression, the measures of kernel behaviour, the checks of Theorem 4.3, LoRA's
-kernel and Definition 5.3) and :mod:`.ch4_fewshot` (the few-shot runs and their grids);
-this module holds the runners of the pages.
+The code lives in four modules, and a page imports each name from the module that
+defines it: :mod:`.ch4_world` (pretraining, the tasks, fine-tuning, the linear models),
+:mod:`.ch4_kernel_behaviour` (kernel regression, the measures of kernel behaviour, the
+checks of Theorem 4.3, LoRA's kernel and Definition 5.3), :mod:`.ch4_fewshot` (the
+few-shot runs and their grids: :func:`~.ch4_fewshot.few_shot_runs`,
+:func:`~.ch4_fewshot.lazy_grid`, :func:`~.ch4_fewshot.wide_grid`) and this one, which
+holds the other runners of the pages (:func:`setting`, :func:`bag_of_words_accuracy`,
+:func:`signgd_steps`, :func:`width_test`, :func:`bayes_output_derivative`,
+:func:`lora_kernel`, :func:`entk_timing`, :func:`label_word_swap`): each returns what
+one section of a chapter page shows.
 
 Used in Chapter 4: ``notebooks/04-kernel-view.ipynb`` (the kernel view tested on
 few-shot runs) and ``notebooks/04b-natural-tasks-and-lora.ipynb`` (natural tasks,
@@ -54,84 +56,26 @@ from ..models.transformer import (
     TinyTransformer,
 )
 from ..repro import make_generator
-from .ch4_fewshot import (  # noqa: F401 (re-exported)
-    METHODS,
-    FewShotRuns,
-    KernelExperiment,
-    KernelExperimentConfig,
-    _fine_tune_grid,
-    _wide_grid,
-    few_shot_runs,
-    lazy_grid,
-    run_kernel_experiment,
-    wide_grid,
-)
-from .ch4_kernel_behaviour import (  # noqa: F401 (re-exported)
+from .ch4_kernel_behaviour import (
     LoRAKernelErrors,
-    SignGDStepCheck,
-    batch1_order,
     entk_accuracy,
-    kernel_behaviour,
     lora_kernel_errors,
     output_derivative_by_width,
-    same_steps_outputs,
-    signgd_same_steps_outputs,
     signgd_step_check,
-    start_measures,
 )
-from .ch4_world import (  # noqa: F401 (re-exported)
+from .ch4_world import (
     FewShotTask,
-    FineTuneDiverged,
-    LogisticFineTuneConfig,
     MLMPretrainConfig,
-    _balanced,
-    _model_config,
-    _scored,
-    _select,
     few_shot_task,
-    fine_tune_logistic,
     fit_logistic_regression,
-    logistic_loss,
-    logistic_probe_head,
-    mask_tokens,
     output_derivative,
     outputs,
     pretrain_masked_lm,
-    pretrain_masked_lms_stacked,
     sign_accuracy,
     test_set,
 )
 
 __all__ = [
-    "MLMPretrainConfig",
-    "pretrain_masked_lm",
-    "pretrain_masked_lms_stacked",
-    "FewShotTask",
-    "few_shot_task",
-    "test_set",
-    "LogisticFineTuneConfig",
-    "FineTuneDiverged",
-    "fine_tune_logistic",
-    "sign_accuracy",
-    "outputs",
-    "logistic_loss",
-    "output_derivative",
-    "mask_tokens",
-    "fit_logistic_regression",
-    "logistic_probe_head",
-    "KernelExperimentConfig",
-    "KernelExperiment",
-    "run_kernel_experiment",
-    "kernel_behaviour",
-    "start_measures",
-    "batch1_order",
-    "signgd_same_steps_outputs",
-    "SignGDStepCheck",
-    "signgd_step_check",
-    "LoRAKernelErrors",
-    "lora_kernel_errors",
-    "output_derivative_by_width",
-    "entk_accuracy",
     "ChapterConfig",
     "Setting",
     "setting",
@@ -139,10 +83,6 @@ __all__ = [
     "best_multiple_residual",
     "SignGDSteps",
     "signgd_steps",
-    "lazy_grid",
-    "wide_grid",
-    "FewShotRuns",
-    "few_shot_runs",
     "bayes_output_derivative",
     "LoRAKernelConfig",
     "LoRAKernel",

@@ -2,7 +2,8 @@
 language, the few-shot downstream tasks drawn from it, logistic fine-tuning (SGD, Adam,
 SignGD) and the linear models (the probe of the standard setting, the bag of words).
 
-Re-exported by :mod:`fmlab.chapters.ch4_kernel_view`, which describes the chapter.
+:mod:`fmlab.chapters.ch4_kernel_view` describes the chapter and holds its pages'
+runners.
 """
 
 from __future__ import annotations

@@ -424,7 +424,7 @@ def newton_minimize(
     monotone. Stops after ``max_iter`` steps, when the relative decrease falls below
     ``tol``, or when no step length down to 1e-8 decreases the objective. Shared by
     :func:`fit_kernel_logistic` and
-    :func:`fmlab.chapters.ch4_kernel_view.fit_logistic_regression`.
+    :func:`fmlab.chapters.ch4_world.fit_logistic_regression`.
     """
     x, value = x0, objective(x0)
     for _ in range(max_iter):
