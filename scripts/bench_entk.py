@@ -16,6 +16,14 @@ of ``--repeats`` runs, CPU time of this process by default), exactly what the ch
 measures in its build (``fmlab.theory.kernels.time_entk``).
 
     python scripts/bench_entk.py [--n 16 64 256] [--threads 1] [--device cpu]
+    python scripts/bench_entk.py --quick   # n = 16 once, a briefly pretrained model
+
+The model is the chapter's (``ChapterConfig().pretrain``, pretrained once and then read
+from fmlab's cache, like the build's). ``--pretrain-steps`` pretrains the same
+architecture for fewer steps instead, and ``--quick`` sets 20 steps, ``--n 16`` and
+``--repeats 1``: the times depend on the architecture and on n, not on how long the
+weights were trained. A quick run takes about ten seconds on one core with a cold cache;
+pretraining the chapter's model into a cold cache takes about a minute.
 
 It is a script, not a timed test: timings depend on the machine and on its load. With
 ``--device cuda`` (where a GPU exists) it times on the GPU with the wall clock, after
@@ -25,6 +33,7 @@ synchronising, and reports the same ratios.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -32,17 +41,14 @@ import platform
 import torch
 
 from fmlab.adapt.lora import only_targets_trainable
-from fmlab.chapters.ch4_kernel_view import (
-    PretrainConfig,
-    PromptClassifier,
-    pretrain_masked_lm,
-    test_set,
-)
+from fmlab.chapters.ch4_kernel_view import ChapterConfig
+from fmlab.chapters.ch4_world import pretrain_masked_lm, test_set
 from fmlab.data.sentiment_language import SentimentLanguage
+from fmlab.models.transformer import PromptClassifier
 from fmlab.theory.kernels import time_entk
 
 
-def main() -> None:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--n", type=int, nargs="+", default=[16, 64, 256], help="numbers of examples"
@@ -50,12 +56,32 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads")
     parser.add_argument("--repeats", type=int, default=3, help="runs per method")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--pretrain-steps",
+        type=int,
+        default=None,
+        help="pretrain the chapter's architecture for this many steps (default: the "
+        "chapter's model)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="--n 16 --repeats 1 --pretrain-steps 20: checks the script in seconds",
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.n, args.repeats, args.pretrain_steps = [16], 1, 20
+    if min(args.n) < 2:
+        parser.error("--n: every number of examples must be at least 2")
+    if args.pretrain_steps is not None and args.pretrain_steps < 1:
+        parser.error("--pretrain-steps must be at least 1")
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no GPU is available here")
-    config = PretrainConfig()  # the chapter's model (trained once, then cached)
+    config = ChapterConfig().pretrain  # the chapter's model (trained once, then cached)
+    if args.pretrain_steps is not None:
+        config = dataclasses.replace(config, steps=args.pretrain_steps)
     mlm, _ = pretrain_masked_lm(config)
     lang = SentimentLanguage(config.language)
     model = only_targets_trainable(PromptClassifier(mlm, lang)).to(device)
@@ -90,7 +116,8 @@ def main() -> None:
             indent=2,
         )
     )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
