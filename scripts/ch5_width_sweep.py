@@ -3,11 +3,14 @@ saturation on the untied language, each width's seeds as ensembles run in parall
 processes; writes ``src/fmlab/chapters/results/ch5_width_sweep.json``, which the
 transformer page of Chapter 5 (``notebooks/05c-same-loss-transformer.ipynb``) reads
 (the sweep is too slow for the page's time budget). The file records the fingerprint
-of the code that produced it (``fmlab.chapters.ch5_stored``): when that code changes,
-the page refuses the file and names this script.
+of the code that produced it (:mod:`fmlab.stored`): when that code changes, the page
+refuses the file and names this script. It also keeps a slice
+(``fmlab.chapters.ch5_sgd_noise.WIDTH_SWEEP_SLICE``: a short run of the same code),
+which the tests rerun under another rounding path.
 
     python scripts/ch5_width_sweep.py --jobs 12            # the stored sweep
     python scripts/ch5_width_sweep.py --widths 16 --seeds 2 --steps 50 --out /tmp/w.json
+    python scripts/ch5_width_sweep.py --device cuda --jobs 1  # models train on a GPU
     python scripts/ch5_width_sweep.py --restamp  # after a change that cannot move it
 
 Each job is one (width, chunk of seeds); a chunk of ``--per-job`` models trains as one
@@ -19,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -31,7 +33,7 @@ OUT = ROOT / "src" / "fmlab" / "chapters" / "results" / "ch5_width_sweep.json"
 
 
 def _job(args):
-    width, chunk, n_models, steps, lr = args
+    width, chunk, n_models, steps, lr, device = args
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch
 
@@ -44,33 +46,45 @@ def _job(args):
     if lr:
         config = replace(config, pretrain_lr=lr)
     t0 = time.time()
-    out = width_sweep_run(config, width, 1000 * (chunk + 1) + width, n_models)
+    out = width_sweep_run(
+        config, width, 1000 * (chunk + 1) + width, n_models, device=device
+    )
     out["chunk"], out["seconds"] = chunk, time.time() - t0
     out["lr"] = config.pretrain_lr
     print(json.dumps({k: out[k] for k in ("width", "chunk", "gap", "seconds")}))
     return out
 
 
+def _slice() -> dict:
+    from dataclasses import asdict
+
+    from fmlab.chapters.ch5_sgd_noise import (
+        WIDTH_SWEEP_SLICE,
+        WidthSweepConfig,
+        width_sweep_slice,
+    )
+
+    return {
+        "config": asdict(WidthSweepConfig(**WIDTH_SWEEP_SLICE)),
+        "result": width_sweep_slice(),
+    }
+
+
 def _restamp(path: Path) -> int:
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch
 
-    from fmlab.chapters import ch5_stored as stored
-    from fmlab.chapters.ch5_sgd_noise import (
-        WIDTH_SWEEP_SLICE,
-        width_sweep_slice_check,
-        width_sweep_sources,
-    )
+    from fmlab import stored
+    from fmlab.chapters.ch5_sgd_noise import width_sweep_job_check, width_sweep_sources
 
     torch.set_num_threads(1)
     sources = stored.fingerprint(width_sweep_sources())  # the code as it starts
     return stored.restamp_checked(
         path,
         sources=sources,
-        check=width_sweep_slice_check,
-        job="width {width} at learning rate {lr}, chunk {chunk}".format(
-            **WIDTH_SWEEP_SLICE
-        ),
+        check=width_sweep_job_check,
+        job="width 32 at learning rate 0.01, chunk 0",
+        slice=_slice,
     )
 
 
@@ -93,6 +107,9 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=os.cpu_count())
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument(
+        "--device", default="cpu", help="where the models train (data: CPU generators)"
+    )
+    ap.add_argument(
         "--restamp",
         action="store_true",
         help="rerun one job of --out and, if it reproduces its record, record the "
@@ -101,7 +118,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.restamp:
         return _restamp(a.out)
-    from fmlab.chapters import ch5_stored as stored
+    from fmlab import stored
     from fmlab.chapters.ch5_sgd_noise import WIDTH_SWEEP_SCRIPT, width_sweep_sources
 
     sources = stored.fingerprint(width_sweep_sources())  # the code as it starts
@@ -112,7 +129,9 @@ def main(argv=None) -> int:
     for w, p in zip(a.widths, per):
         if a.seeds % p:
             ap.error(f"--per-job: {p} does not divide --seeds {a.seeds}")
-        jobs += [(w, chunk, p, a.steps, a.lr) for chunk in range(a.seeds // p)]
+        jobs += [
+            (w, chunk, p, a.steps, a.lr, a.device) for chunk in range(a.seeds // p)
+        ]
     jobs.sort(key=lambda j: -(j[0] ** 2) * j[2])  # the slowest first
     t0 = time.time()
     if a.jobs == 1:  # in this process (also what the tests run)
@@ -125,19 +144,7 @@ def main(argv=None) -> int:
     config = WidthSweepConfig()
     if a.steps:
         config = replace(config, pretrain_steps=a.steps)
-    import torch
-
-    meta = {
-        "config": {
-            k: (list(v) if isinstance(v, tuple) else v)
-            for k, v in asdict(config).items()
-        },
-        "torch": torch.__version__,
-        "python": sys.version.split()[0],
-        "machine": platform.machine(),
-        "cpus": os.cpu_count(),
-        "wall_seconds": time.time() - t0,
-    }
+    meta = {"config": asdict(config), "wall_seconds": time.time() - t0}
     if a.append:  # only onto runs of the same code (else StaleResults: rerun all)
         before = stored.load(a.out, script=WIDTH_SWEEP_SCRIPT, sources=sources)
         runs = before["runs"] + runs
@@ -146,7 +153,13 @@ def main(argv=None) -> int:
     # the file records the fingerprint of the code that produced it; the page's loader
     # refuses it, naming this script, once that code changes
     stored.write(
-        a.out, {"meta": meta, "runs": runs}, script=WIDTH_SWEEP_SCRIPT, sources=sources
+        a.out,
+        {"meta": meta, "runs": runs},
+        script=WIDTH_SWEEP_SCRIPT,
+        sources=sources,
+        config=config,
+        device=a.device,
+        slice=_slice(),
     )
     print(f"wrote {a.out} ({meta['wall_seconds']:.0f} s)")
     return 0

@@ -5,9 +5,11 @@
   the site and linked from its landing page;
 - the wheel installs offline into a fresh virtual environment
   (``--system-site-packages``
-  plus a path to this environment's packages, so that PyTorch is not installed again),
-  imports from there, carries the claims registry, and a downloaded chapter runs top to
-  bottom in that environment, outside the source tree.
+  plus a path to this environment's packages, which are the pinned requirements, so
+  that PyTorch is not installed again), imports from there, carries the claims
+  registry and the stored results, and two downloaded chapters run top to bottom in
+  that environment, outside the source tree: one that trains its models (02) and one
+  that reads a stored run (05b); every keyed value they compute equals the build's.
 
 Needs a built book (``make book``); without one the tests skip with a loud reason.
 """
@@ -28,8 +30,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 HTML = ROOT / "_build" / "html"
 MANIFEST = ROOT / "_build" / "downloads" / "manifest.json"
-# the quickest chapter, run in the fresh environment
-QUICK_CHAPTER = "notebooks/02-interface"
+# run in the fresh environment: a chapter that trains, one that reads a stored run
+WHEEL_CHAPTERS = ("notebooks/02-interface", "notebooks/05b-same-loss")
 
 
 def _chapters() -> list[str]:
@@ -147,32 +149,53 @@ def test_wheel_installs_and_a_downloaded_chapter_runs(tmp_path):
     assert Path(where).is_relative_to(env_dir), f"fmlab imported from {where}"
     assert registry == "True", "the wheel does not carry the claims registry"
 
-    # a downloaded chapter, run top to bottom outside the source tree
-    notebook = tmp_path / "chapter.ipynb"
-    notebook.write_bytes((HTML / "_sources" / f"{QUICK_CHAPTER}.ipynb").read_bytes())
-    env = dict(os.environ)
-    env.update(
-        FMLAB_CACHE_DIR=str(tmp_path / "models"),
-        FMLAB_PROGRESS="0",
-        OMP_NUM_THREADS="1",
-    )
-    env.pop("PYTHONPATH", None)
-    run = subprocess.run(
-        [
-            python,
-            "-c",
-            "import sys, nbformat; from nbclient import NotebookClient;"
-            "nb = nbformat.read(sys.argv[1], as_version=4);"
-            "NotebookClient(nb, timeout=600, kernel_name='python3').execute();"
-            "print(sum(bool(c.get('outputs')) for c in nb.cells))",
-            str(notebook),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=env,
-        timeout=900,
-    )
-    assert run.returncode == 0, (
-        f"{QUICK_CHAPTER} failed in the fresh environment:\n{run.stderr[-3000:]}"
-    )
+    # downloaded chapters, run top to bottom outside the source tree
+    build = {
+        (r["document"], r["key"]): r["value"]
+        for r in json.loads((ROOT / "_build" / "claims.json").read_text())
+        if r.get("key")
+    }
+    for chapter in WHEEL_CHAPTERS:
+        notebook = tmp_path / f"{Path(chapter).name}.ipynb"
+        notebook.write_bytes((HTML / "_sources" / f"{chapter}.ipynb").read_bytes())
+        log = tmp_path / f"{Path(chapter).name}.jsonl"
+        env = dict(os.environ)
+        env.update(
+            FMLAB_CACHE_DIR=str(tmp_path / "models"),
+            FMLAB_CLAIMS_LOG=str(log),
+            FMLAB_PROGRESS="0",
+            OMP_NUM_THREADS="1",
+        )
+        env.pop("PYTHONPATH", None)
+        env.pop("FMLAB_CLAIMS_REGISTRY", None)
+        run = subprocess.run(
+            [
+                python,
+                "-c",
+                "import sys, nbformat; from nbclient import NotebookClient;"
+                "nb = nbformat.read(sys.argv[1], as_version=4);"
+                "NotebookClient(nb, timeout=600, kernel_name='python3').execute();"
+                "print(sum(bool(c.get('outputs')) for c in nb.cells))",
+                str(notebook),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=env,
+            timeout=900,
+        )
+        assert run.returncode == 0, (
+            f"{chapter} failed in the fresh environment:\n{run.stderr[-3000:]}"
+        )
+        keyed = {
+            r["key"]: r.get("value")
+            for r in map(json.loads, log.read_text().splitlines())
+            if r.get("key")
+        }
+        expected = {k: v for (doc, k), v in build.items() if doc == chapter}
+        assert expected, f"the build recorded no keyed claim of {chapter}"
+        assert set(keyed) == set(expected), f"{chapter}: other keys than the build's"
+        for key, value in expected.items():
+            assert keyed[key] == pytest.approx(value, rel=1e-9, abs=1e-12), (
+                f"{chapter}: {key} is {keyed[key]} from the wheel, {value} in the build"
+            )

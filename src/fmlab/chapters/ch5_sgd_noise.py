@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
+from .. import stored
 from .._validate import check_float, check_int
 from ..data.hmm_language import HMMLanguage, HMMLanguageConfig
 from ..models.bert import (
@@ -52,7 +53,6 @@ from ..repro import make_generator, single_threaded
 from ..theory.decomposition import spearman
 from ..theory.flatness import TraceEstimate, fisher_trace
 from ..train import cached, train_scheduled
-from . import ch5_stored as stored
 from .ch5_implicit_bias import probe_curve
 
 __all__ = [
@@ -271,11 +271,13 @@ def train_bert(
         return 1.0 if s < flat else (steps - s) / max(1, steps - flat)
 
     E, T = model.n_models, model.config.length
+    device = next(model.parameters()).device  # batches drawn on the CPU, sent there
 
     def step_loss(s):
         tok, _ = language.sample(batch * E, generator)
         pos = torch.randint(0, T, (E, batch), generator=generator)
-        return masked_lm_nll(model, tok.reshape(E, batch, T), pos).sum()
+        tok, pos = tok.reshape(E, batch, T).to(device), pos.to(device)
+        return masked_lm_nll(model, tok, pos).sum()
 
     train_scheduled(
         model,
@@ -560,14 +562,18 @@ class WidthSweepConfig:
 
 
 def width_sweep_run(
-    config: WidthSweepConfig, width: int, seed: int, n_models: int
+    config: WidthSweepConfig, width: int, seed: int, n_models: int, device="cpu"
 ) -> dict:
     """Pretrain ``n_models`` transformers of width ``width`` as one ensemble (initial
     weights from ``make_generator(seed)``, data from ``seed + 1``) and measure, per
     member: the KL gap to the optimal loss (nats), the probe's block accuracy at every
     probe size, the Fisher trace per parameter block, and the same traces after
     embedding the member at the largest width (:func:`fmlab.models.bert.embed_width`),
-    with the largest logit change that embedding made. Plain lists, for JSON."""
+    with the largest logit change that embedding made. Plain lists, for JSON.
+
+    ``device`` (e.g. ``"cuda"``) is where the ensemble trains; its batches are still
+    drawn by the CPU generators, so a seed gives the same data on every device, and
+    the trained ensemble is measured on the CPU."""
     if not isinstance(config, WidthSweepConfig):
         raise TypeError(
             f"config must be a WidthSweepConfig, got {type(config).__name__}"
@@ -588,6 +594,7 @@ def width_sweep_run(
             d_ff=c.ff_multiple * width,
         )
         model = EnsembleBert(bcfg, n_models=n_models, generator=make_generator(seed))
+        model.to(device)
         train_bert(
             model,
             lang,
@@ -599,6 +606,7 @@ def width_sweep_run(
             generator=make_generator(seed + 1),
             desc=f"width {width}",
         )
+        model.to("cpu")
         ev = _evaluate(model, sets, c, 21_000)
         if width < max(c.widths):
             ev |= _embedded_traces(model, max(c.widths), sets, 21_000)
@@ -652,10 +660,10 @@ WIDTH_SWEEP_SCRIPT = "scripts/ch5_width_sweep.py"
 
 
 def width_sweep_sources() -> list:
-    """The code that produces the stored width sweep, for its fingerprint
-    (:mod:`fmlab.chapters.ch5_stored`): the script, the run and its measurements, the
-    training loop, the model, the language, the traces and the probe. The analysis
-    functions that read the sweep are not among them."""
+    """The package code that produces the stored width sweep, for its fingerprint
+    (:mod:`fmlab.stored`): the run and its measurements, the training loop, the model,
+    the language, the traces and the probe (the script's settings are in the file as
+    its config). The analysis functions that read the sweep are not among them."""
     from ..data import hmm_language
     from ..models import bert
     from ..repro import effective_seed
@@ -663,11 +671,10 @@ def width_sweep_sources() -> list:
     from ..train import train_scheduled
     from .ch5_implicit_bias import _probe_accuracy, _probe_inputs, ridge_probe_accuracy
 
-    root = Path(__file__).resolve().parents[3]
     return [
-        root / WIDTH_SWEEP_SCRIPT,
         WidthSweepConfig,
         width_sweep_run,
+        width_sweep_slice,
         _evaluation_sets,
         _evaluate,
         _embedded_traces,
@@ -698,7 +705,7 @@ def width_sweep_results(path: Path | str | None = None) -> dict:
     ``trace_embedded_head``) with the ``embedding_error`` (largest logit change), the
     jobs' ``seconds`` and ``n_params``; ``"meta"`` holds the sweep's configuration and
     the machine it ran on, and under ``"stored"`` the code's fingerprint. Raises
-    :class:`fmlab.chapters.ch5_stored.StaleResults`, naming the script to rerun, when
+    :class:`fmlab.stored.StaleResults`, naming the script to rerun, when
     the code that produced the file has changed since (:func:`width_sweep_sources`)."""
     path = Path(WIDTH_SWEEP_RESULTS if path is None else path)
     data = stored.load(
@@ -729,44 +736,70 @@ def width_sweep_results(path: Path | str | None = None) -> dict:
     return out
 
 
-# One job of the stored sweep that is cheap to rerun (three width-32 models, 2000 Adam
-# steps: about 2 min on one core), and how far a rerun may drift from the record: the
-# same code, seeds and data on another machine or torch build differ only by the
-# order of floating-point sums, which 2000 steps of Adam amplify a little.
-WIDTH_SWEEP_SLICE = {"width": 32, "lr": 0.01, "chunk": 0}
-WIDTH_SWEEP_SLICE_TOL = {"gap": 2e-3, "accuracy": 0.01, "trace_rel": 0.05}
+#: The slice of the stored sweep that the tests rerun (under another rounding path
+#: than the record's, :func:`fmlab.stored.other_rounding`): three models of the
+#: smallest width for 200 steps, embedded at width 32, with smaller evaluation sets;
+#: seconds on one core.
+WIDTH_SWEEP_SLICE = dict(
+    widths=(16, 32),
+    pretrain_steps=200,
+    pretrain_batch=128,
+    probe_sizes=(100, 500),
+    n_probe_test=500,
+    n_gap=300,
+    n_trace=100,
+)
+# the per-replicate quantities a rerun is compared on
+_CHECKED_FIELDS = (
+    "gap",
+    "accuracy",
+    "trace_encoder",
+    "trace_head",
+    "trace_embedded_encoder",
+    "trace_embedded_head",
+)
 
 
-def width_sweep_slice_check(path: Path | str | None = None) -> dict:
-    """Rerun the job :data:`WIDTH_SWEEP_SLICE` of the stored sweep (the script's seed
-    ``1000 * (chunk + 1) + width``) and compare it with its record at ``path``: the
-    largest absolute differences of the gaps and accuracies, the largest relative
-    differences of the traces, and ``"ok"``: whether all are within
-    :data:`WIDTH_SWEEP_SLICE_TOL`. Reads the file without checking its fingerprint."""
-    import json
+def width_sweep_config(record: dict) -> WidthSweepConfig:
+    """The :class:`WidthSweepConfig` recorded as data in a results file."""
+    cfg = {k: tuple(v) if isinstance(v, list) else v for k, v in record.items()}
+    cfg["language"] = HMMLanguageConfig(**cfg["language"])
+    return WidthSweepConfig(**cfg)
 
-    path = Path(WIDTH_SWEEP_RESULTS if path is None else path)
-    w, lr, chunk = (WIDTH_SWEEP_SLICE[k] for k in ("width", "lr", "chunk"))
+
+def width_sweep_slice(record: dict | None = None, device="cpu") -> dict:
+    """Run the slice (the config ``record``, by default :data:`WIDTH_SWEEP_SLICE` over
+    the defaults) at its smallest width, three models from the script's seed for
+    chunk 0: the per-replicate quantities that :func:`fmlab.stored.compare_runs`
+    compares."""
+    if record is None:
+        config = WidthSweepConfig(**WIDTH_SWEEP_SLICE)
+    else:
+        config = width_sweep_config(record)
+    w = min(config.widths)
+    out = width_sweep_run(config, w, 1000 + w, 3, device=device)
+    return {k: out[k] for k in _CHECKED_FIELDS}
+
+
+def width_sweep_job_check(
+    path: Path | str | None = None, width: int = 32, lr: float = 0.01, chunk: int = 0
+) -> dict:
+    """A script's ``--restamp`` check: rerun one job of the stored sweep (by default
+    width 32 at learning rate 0.01, chunk 0: three models, 2000 Adam steps, about
+    2 min on one core; the script's seed ``1000 * (chunk + 1) + width``) and compare it
+    with its record (:func:`fmlab.stored.compare_runs`). Reads the file without
+    checking its fingerprint."""
+    data = stored.read(WIDTH_SWEEP_RESULTS if path is None else path)
     (run,) = [
         r
-        for r in json.loads(path.read_text())["runs"]
-        if r["width"] == w and r["lr"] == lr and r["chunk"] == chunk
+        for r in data["runs"]
+        if r["width"] == width and r["lr"] == lr and r["chunk"] == chunk
     ]
-    config = WidthSweepConfig(pretrain_lr=lr)
-    out = width_sweep_run(config, w, 1000 * (chunk + 1) + w, len(run["gap"]))
-
-    def diff(name):
-        return torch.tensor(out[name]) - torch.tensor(run[name])
-
-    res = {"gap": float(diff("gap").abs().max())}
-    res["accuracy"] = float(diff("accuracy").abs().max())
-    res["trace_rel"] = max(
-        float((diff(n) / torch.tensor(run[n])).abs().max())
-        for n in ("trace_encoder", "trace_head", "trace_embedded_encoder")
+    config = replace(width_sweep_config(data["meta"]["config"]), pretrain_lr=lr)
+    out = width_sweep_run(config, width, 1000 * (chunk + 1) + width, len(run["gap"]))
+    return stored.compare_runs(
+        {k: run[k] for k in _CHECKED_FIELDS}, {k: out[k] for k in _CHECKED_FIELDS}
     )
-    tol = WIDTH_SWEEP_SLICE_TOL
-    res["ok"] = all(res[k] <= tol[k] for k in tol)
-    return res
 
 
 def width_sweep_compared(results: dict, tolerance: float) -> list[tuple[int, float]]:

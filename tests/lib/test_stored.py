@@ -1,13 +1,19 @@
-"""Stored runs (fmlab.chapters.ch5_stored) and the stored width sweep of Chapter 5."""
+"""The book's stored runs (fmlab.stored): fingerprints, records, restamps and the rule
+that compares a rerun with its record.
+
+Oracles: files and modules written by the tests themselves; hand-computed means and
+standard errors; torch's own report of its CPU capability in a subprocess."""
 
 import importlib.util
 import json
+import os
+import subprocess
 import sys
 
 import pytest
 import torch
 
-from fmlab.chapters import ch5_stored as stored
+from fmlab import stored
 
 
 def _module(path, name):
@@ -30,9 +36,15 @@ def test_changing_a_line_of_the_code_makes_the_load_name_the_script(tmp_path):
         {"value": mod.produce()},
         script="scripts/make_it.py",
         sources=[mod.produce],
+        config={"steps": 3},
     )
     assert rec["fingerprint"]["produce_mod.produce"]
-    assert {"torch", "python", "machine", "cpus", "written"} <= set(rec)
+    assert rec["config"] == {"steps": 3} and rec["written"]
+    env = rec["environment"]
+    assert {"torch", "python", "machine", "cpus", "cpu_capability", "device"} <= set(
+        env
+    )
+    assert env["device"] == "cpu" and env["cpu_capability"]
     data = stored.load(out, script="scripts/make_it.py", sources=[mod.produce])
     assert data["value"] == 2 and data["stored"]["script"] == "scripts/make_it.py"
 
@@ -52,9 +64,9 @@ def test_changing_a_line_of_the_code_makes_the_load_name_the_script(tmp_path):
         stored.StaleResults, match=r"produce_mod\.produce.*scripts/make_it"
     ):
         stored.load(out, script="scripts/make_it.py", sources=[mod.produce])
-    # files count as sources too
-    with pytest.raises(stored.StaleResults, match="scripts/make_it.py"):
-        stored.load(out, script="scripts/make_it.py", sources=[code])
+    # a script's file is no source: its settings are recorded as data
+    with pytest.raises(TypeError, match="paths"):
+        stored.fingerprint([code])
 
 
 def test_a_file_without_a_fingerprint_or_no_file_names_the_script(tmp_path):
@@ -65,45 +77,11 @@ def test_a_file_without_a_fingerprint_or_no_file_names_the_script(tmp_path):
     with pytest.raises(FileNotFoundError, match="scripts/x.py"):
         stored.load(tmp_path / "none.json", script="scripts/x.py", sources=[json])
     with pytest.raises(ValueError):
-        stored.write(out, {"stored": 1}, script="s", sources=[json])
+        stored.write(out, {"stored": 1}, script="s", sources=[json], config={})
+    with pytest.raises(ValueError, match="slice"):
+        stored.write(out, {}, script="s", sources=[json], config={}, slice={"x": 1})
     with pytest.raises(ValueError):
         stored.fingerprint([])
-
-
-def test_the_stored_width_sweep_matches_its_code_and_refuses_a_change(monkeypatch):
-    from fmlab.chapters import ch5_sgd_noise as ch5t
-
-    res = ch5t.width_sweep_results()  # the fingerprint of today's code matches
-    assert res["meta"]["stored"]["script"] == "scripts/ch5_width_sweep.py"
-    names = set(res["meta"]["stored"]["fingerprint"])
-    assert "fmlab.chapters.ch5_sgd_noise.width_sweep_run" in names
-    assert "scripts/ch5_width_sweep.py" in names
-
-    real = stored.source_text
-
-    def edited(source):  # width_sweep_run with one line changed
-        text = real(source)
-        if source is ch5t.width_sweep_run:
-            text = text.replace("lr=c.pretrain_lr", "lr=2 * c.pretrain_lr")
-        return text
-
-    monkeypatch.setattr(stored, "source_text", edited)
-    with pytest.raises(
-        stored.StaleResults, match=r"width_sweep_run.*Rerun scripts/ch5_width_sweep\.py"
-    ):
-        ch5t.width_sweep_results()
-
-
-def test_one_job_of_the_stored_width_sweep_reruns_to_its_record():
-    """Width 32 at learning rate 0.01, chunk 0 of the stored sweep, rerun with today's
-    code (three models, 2000 Adam steps: about 2 min on one core) and compared with its
-    record within WIDTH_SWEEP_SLICE_TOL (gaps 2e-3 nats, accuracies 0.01, traces 5%
-    relative; on the machine that stored it the rerun is bit for bit)."""
-    from fmlab.chapters import ch5_sgd_noise as ch5t
-
-    torch.set_num_threads(1)
-    check = ch5t.width_sweep_slice_check()
-    assert check["ok"], check
 
 
 def test_restamp_keeps_the_payload_and_the_earlier_record(tmp_path):
@@ -111,7 +89,15 @@ def test_restamp_keeps_the_payload_and_the_earlier_record(tmp_path):
     code.write_text("def produce():\n    return 1\n")
     mod = _module(code, "restamp_mod")
     out = tmp_path / "r.json"
-    stored.write(out, {"runs": [1, 2]}, script="scripts/s.py", sources=[mod.produce])
+    slice_run = {"config": {"n": 2}, "result": {"gap": [0.1, 0.2]}}
+    stored.write(
+        out,
+        {"runs": [1, 2]},
+        script="scripts/s.py",
+        sources=[mod.produce],
+        config={"n": 9},
+        slice=slice_run,
+    )
     code.write_text("def produce():\n    return 1  # same value\n")
     mod = _module(code, "restamp_mod")
     assert stored.changed_sources(out, [mod.produce]) == ["restamp_mod.produce"]
@@ -119,6 +105,9 @@ def test_restamp_keeps_the_payload_and_the_earlier_record(tmp_path):
     assert rec["earlier"]["changed_since"] == ["restamp_mod.produce"]
     data = stored.load(out, script="scripts/s.py", sources=[mod.produce])
     assert data["runs"] == [1, 2] and data["stored"]["note"] == "checked"
+    # the config and the slice survive a restamp
+    assert data["stored"]["config"] == {"n": 9}
+    assert data["stored"]["slice"]["result"] == slice_run["result"]
 
 
 def test_a_checked_restamp_needs_the_rerun_job_to_reproduce_its_record(tmp_path):
@@ -126,11 +115,13 @@ def test_a_checked_restamp_needs_the_rerun_job_to_reproduce_its_record(tmp_path)
     code.write_text("def produce():\n    return 1\n")
     mod = _module(code, "checked_mod")
     out = tmp_path / "r.json"
-    stored.write(out, {"runs": [1]}, script="scripts/s.py", sources=[mod.produce])
+    stored.write(
+        out, {"runs": [1]}, script="scripts/s.py", sources=[mod.produce], config={}
+    )
     calls = []
 
     def check(ok):
-        return lambda path: calls.append(path) or {"gap": 0.0, "ok": ok}
+        return lambda path: calls.append(path) or {"gap": 0.0, "bitwise": 1, "ok": ok}
 
     # unchanged code: nothing to rerun
     assert (
@@ -154,8 +145,8 @@ def test_a_checked_restamp_needs_the_rerun_job_to_reproduce_its_record(tmp_path)
     )
     data = stored.load(out, script="scripts/s.py", sources=[mod.produce])
     assert (
-        "today's code, j reproduced" in data["stored"]["note"]
-        and "gap 0.0e+00" in data["stored"]["note"]
+        "today's code, j reproduced its record bit for bit" in data["stored"]["note"]
+        and "gap 0.00" in data["stored"]["note"]
     )
     assert len(calls) == 2
 
@@ -175,3 +166,67 @@ def test_tensors_survive_their_json_form_to_the_last_bit():
     assert torch.equal(back["i"], value["i"])
     with pytest.raises(TypeError, match="value"):
         stored.encode_tensors({"x": [1.0]})
+
+
+def test_a_rerun_is_compared_by_the_spread_of_its_record():
+    """Means over replicates within 3 two-sample standard errors: the record
+    (1, 2, 3) and a rerun (1, 2, 3 + d) have variances 1 and v(d), so the standard
+    error of the difference of their means is sqrt((1 + v(d)) / 3)."""
+    record = {"gap": [1.0, 2.0, 3.0], "acc": [[0.5, 0.6], [0.7, 0.6], [0.6, 0.6]]}
+
+    def ratio(d):
+        new = [1.0, 2.0, 3.0 + d]
+        mean = sum(new) / 3
+        var = sum((x - mean) ** 2 for x in new) / 2
+        return (d / 3) / ((1 + var) / 3) ** 0.5
+
+    res = stored.compare_runs(record, {"gap": [1.0, 2.0, 3.5], "acc": record["acc"]})
+    assert res["gap"] == pytest.approx(ratio(0.5)) and res["acc"] == 0.0
+    assert res["ok"] and not res["bitwise"]
+    # one replicate far off widens the rerun's own spread (the ratio tends to 1)
+    assert stored.compare_runs(record, {"gap": [1.0, 2.0, 43.0], "acc": record["acc"]})[
+        "ok"
+    ]
+    shifted = {"gap": [4.0, 5.0, 6.0], "acc": record["acc"]}  # every replicate moves
+    res = stored.compare_runs(record, shifted)
+    assert res["gap"] == pytest.approx(3 / (2 / 3) ** 0.5) and not res["ok"]
+    # a column without spread in either run must be reproduced exactly
+    moved = {"gap": record["gap"], "acc": [[0.5, 0.61], [0.7, 0.61], [0.6, 0.61]]}
+    res = stored.compare_runs(record, moved)
+    assert res["acc"] == float("inf") and not res["ok"]
+    same = stored.compare_runs(record, dict(record))
+    assert same["bitwise"] and same["ok"]
+    with pytest.raises(ValueError, match="same quantities"):
+        stored.compare_runs(record, {"gap": record["gap"]})
+    with pytest.raises(ValueError, match="two replicates"):
+        stored.compare_runs({"gap": [1.0]}, {"gap": [1.0]})
+    with pytest.raises(FloatingPointError, match="gap"):
+        stored.compare_runs({"gap": [1.0, 2.0]}, {"gap": [1.0, float("nan")]})
+
+
+def test_other_rounding_takes_another_path_than_the_record():
+    """The environment other_rounding names does change torch's CPU capability in a
+    fresh process (torch reports it), and differs from the record's."""
+    here = stored.environment()
+    env = stored.other_rounding({"environment": here})
+    if here["cpu_capability"].upper() != "DEFAULT":
+        assert env == {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE"}
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import torch; print(torch.backends.cpu.get_cpu_capability())",
+        ],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert run.stdout.strip().upper() == env["ATEN_CPU_CAPABILITY"].upper()
+    assert run.stdout.strip() != here["cpu_capability"]
+    # a record that already ran capped is rerun at this machine's own vector kernels
+    capped = {"cpu_capability": "DEFAULT", "rounding": {"MKL_CBWR": "COMPATIBLE"}}
+    if here["cpu_capability"].upper() != "DEFAULT":
+        assert stored.other_rounding(capped) == {
+            "ATEN_CPU_CAPABILITY": here["cpu_capability"].lower()
+        }

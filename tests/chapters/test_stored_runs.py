@@ -1,0 +1,148 @@
+"""Every stored run of the book (fmlab.stored) against today's code and another CPU.
+
+For each results file: it loads with today's code; a changed line of the code behind
+it makes the load name its script; the slice kept in the file is the one its module
+defines; and the slice, rerun in a fresh process under another rounding path than the
+record's (ATen's scalar kernels and MKL's compatible path, or the reverse:
+``fmlab.stored.other_rounding``), reproduces its record within the replicate spread
+(``fmlab.stored.compare_runs``), though not bit for bit. When a GPU is at hand, the same
+slice trained on it agrees with the CPU's within that spread.
+
+Oracles: the record written when the run was stored; torch's own report of its CPU
+capability in the rerun's process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import asdict
+
+import pytest
+import torch
+
+from fmlab import stored
+from fmlab.chapters import ch5_implicit_bias, ch5_sgd_noise, ch5_size
+
+# (module, results file, script, loader, the slice's runner, the slice's settings and
+# its config class, a line of the producing code and its edit)
+RUNS = {
+    "ch5_same_loss": (
+        ch5_implicit_bias,
+        ch5_implicit_bias.SAME_LOSS_RESULTS,
+        "scripts/ch5_same_loss.py",
+        ch5_implicit_bias.same_loss_results,
+        "same_loss_slice",
+        ch5_implicit_bias.SAME_LOSS_SLICE,
+        ("warmup=100,", "warmup=50,", ch5_implicit_bias),
+    ),
+    "ch5_width_sweep": (
+        ch5_sgd_noise,
+        ch5_sgd_noise.WIDTH_SWEEP_RESULTS,
+        "scripts/ch5_width_sweep.py",
+        ch5_sgd_noise.width_sweep_results,
+        "width_sweep_slice",
+        ch5_sgd_noise.WIDTH_SWEEP_SLICE,
+        ("lr=c.pretrain_lr", "lr=2 * c.pretrain_lr", ch5_sgd_noise.width_sweep_run),
+    ),
+    "ch5_size_sweep": (
+        ch5_size,
+        ch5_size.SIZE_SWEEP_RESULTS,
+        "scripts/ch5_size_sweep.py",
+        ch5_size.size_sweep_results,
+        "size_sweep_slice",
+        ch5_size.SIZE_SWEEP_SLICE,
+        ("steps=c.steps", "steps=2 * c.steps", ch5_size.size_sweep_run),
+    ),
+}
+
+
+def test_every_results_file_is_listed_here():
+    files = {p.stem for p in ch5_size.SIZE_SWEEP_RESULTS.parent.glob("*.json")}
+    assert files == set(RUNS)
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_the_stored_run_loads_and_refuses_a_changed_line(name, monkeypatch):
+    module, path, script, loader, _, _, (line, edit, source) = RUNS[name]
+    loader()  # today's code has the recorded fingerprint
+    record = stored.read(path)["stored"]
+    assert record["script"] == script
+    assert record["config"] and record["environment"]["cpu_capability"]
+    assert not any("/" in n for n in record["fingerprint"]), "a path as a source"
+    real = stored.source_text
+
+    def edited(src):
+        text = real(src)
+        if src is source:
+            assert line in text, f"{line!r} is not in {source}"
+            text = text.replace(line, edit)
+        return text
+
+    monkeypatch.setattr(stored, "source_text", edited)
+    with pytest.raises(stored.StaleResults, match=f"Rerun {script}"):
+        loader()
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_the_files_slice_is_the_one_its_module_defines(name):
+    module, path, _, _, _, settings, _ = RUNS[name]
+    record = stored.read(path)["stored"]["slice"]
+    config = record["config"]
+    assert {k: config[k] for k in settings} == json.loads(json.dumps(settings))
+    assert record["environment"]["device"] == "cpu"
+    for values in record["result"].values():
+        assert len(values) >= 3, "a slice needs replicates to compare by their spread"
+
+
+def _rerun(name: str, env: dict) -> tuple[dict, str]:
+    """The slice of ``name`` rerun in a fresh process with ``env`` added: its result
+    and the CPU capability torch reported there."""
+    module, path, _, _, runner, _, _ = RUNS[name]
+    code = (
+        "import json, torch; from fmlab import stored; "
+        f"from fmlab.chapters import {module.__name__.rsplit('.', 1)[1]} as m; "
+        f"config = stored.read({str(path)!r})['stored']['slice']['config']; "
+        f"out = m.{runner}(config); "
+        "print(json.dumps([out, torch.backends.cpu.get_cpu_capability()]))"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "OMP_NUM_THREADS": "1", **env},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    out, capability = json.loads(run.stdout.strip().splitlines()[-1])
+    return out, capability
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_the_slice_reruns_to_its_record_on_another_rounding_path(name):
+    """The check that holds on any machine: the record's CPU capability is not the
+    rerun's, so the numbers differ in their last bits, and a few hundred optimizer
+    steps amplify that; the means over replicates must stay within three standard
+    errors of the record's."""
+    record = stored.read(RUNS[name][1])["stored"]["slice"]
+    env = stored.other_rounding(record)
+    out, capability = _rerun(name, env)
+    assert capability.upper() == env["ATEN_CPU_CAPABILITY"].upper()
+    assert capability != record["environment"]["cpu_capability"]
+    res = stored.compare_runs(record["result"], out)
+    assert res["ok"], res
+    assert not res["bitwise"], "the rerun took the record's own rounding path"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU on this machine")
+def test_a_slice_trained_on_the_gpu_agrees_with_the_cpu():
+    """The size sweep's slice with its models on the GPU (its data from the same CPU
+    generators) against the same slice on the CPU."""
+    config = asdict(ch5_size.SizeSweepConfig(**ch5_size.SIZE_SWEEP_SLICE))
+    cpu = ch5_size.size_sweep_slice(config)
+    gpu = ch5_size.size_sweep_slice(config, device="cuda")
+    res = stored.compare_runs(cpu, gpu)
+    print("GPU against CPU, in standard errors of the CPU's replicates:", res)
+    assert res["ok"], res
