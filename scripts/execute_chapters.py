@@ -125,7 +125,8 @@ def _failure_summary(path: Path, text: str) -> str:
 
 def _fingerprint(path: Path) -> str:
     """The hash of the fmlab code this chapter's outputs depend on (its own modules
-    and every layer below the chapters; :func:`fmlab.repro.code_fingerprint`), of its
+    and every fmlab module they import, transitively:
+    :func:`fmlab.repro.code_fingerprint`), of its
     stored results (``fmlab/chapters/results/chN_*.json``) and of its entries in the
     claims registry (a key's status or null decides what the page prints)."""
     from fmlab.repro import code_fingerprint

@@ -14,7 +14,6 @@ from .claims import ClaimFailed, SeedEffect, claim, claims_table, finding, reset
 from .repro import (
     config_hash,
     effective_seed,
-    get_device,
     make_generator,
     seed_everything,
     seed_offset,
@@ -34,7 +33,6 @@ __all__ = [
     "reset_claims",
     "config_hash",
     "effective_seed",
-    "get_device",
     "make_generator",
     "seed_everything",
     "seed_offset",

@@ -45,7 +45,6 @@ __all__ = [
     "effective_seed",
     "single_threaded",
     "config_hash",
-    "get_device",
 ]
 
 _MASK63 = (1 << 63) - 1
@@ -176,18 +175,6 @@ def config_hash(config, *, length: int = 16) -> str:
     length = check_int("length", length, minimum=4, maximum=64)
     blob = json.dumps(_jsonable(config), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:length]
-
-
-def get_device() -> torch.device:
-    """The device to run on: CPU unless ``FMLAB_DEVICE`` names another that exists.
-
-    The book is built and tested on the CPU. Set ``FMLAB_DEVICE=cuda`` to run a chapter
-    at larger scale on a GPU when one is present.
-    """
-    want = os.environ.get("FMLAB_DEVICE", "cpu").strip().lower()
-    if want.startswith("cuda") and torch.cuda.is_available():
-        return torch.device(want)
-    return torch.device("cpu")
 
 
 _PACKAGE_ROOT = Path(__file__).resolve().parent
