@@ -64,7 +64,12 @@ __all__ = [
     "BatchFineTuneResult",
     "fine_tune_batch",
     "select_by_validation",
+    "best_validation",
     "LPFTConfig",
+    "SharedStyleConfig",
+    "SharedStyleWorld",
+    "make_world",
+    "with_shared",
     "build_encoder",
     "pretrain_encoders",
     "pretrain_encoder",
@@ -625,6 +630,114 @@ def _span_features(first, Q, shared, enc):
         return [enc.net[1:](pre + proj @ C.T + shift) for pre, proj in shared]
 
 
+# -- a world with shared and style-specific content -----------------------------------
+@dataclass(frozen=True)
+class SharedStyleConfig(StyleShiftConfig):
+    """A :class:`~fmlab.data.shift.StyleShiftConfig` with a second knob: the fraction
+    ``shared_fraction`` :math:`\\rho` of the content directions that every style
+    renders identically (:class:`SharedStyleWorld`). ``overlap_deg`` (``None``:
+    :math:`90°`) is the overlap angle of the other, style-specific, directions."""
+
+    shared_fraction: float = 0.5
+    specific_rule_scale: float = 1.0
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_float("shared_fraction", self.shared_fraction, minimum=0.0, maximum=1.0)
+        check_float("specific_rule_scale", self.specific_rule_scale, minimum=0.0)
+        J, p = self.n_styles, self.dim_content
+        if (J + 1) * p > self.dim_input:
+            raise ValueError(
+                "a shared-content world needs (n_styles + 1) * dim_content <= "
+                f"dim_input, got ({J} + 1) * {p} > {self.dim_input}"
+            )
+
+    @property
+    def n_shared(self) -> int:
+        """:math:`p_s = \\mathrm{round}(\\rho p)`, the number of shared directions."""
+        return round(self.shared_fraction * self.dim_content)
+
+
+class SharedStyleWorld(StyleShiftWorld):
+    """The style-shift world with shared and style-specific content directions.
+
+    With :math:`U, Q_0, \\dots, Q_{J-1}` mutually orthogonal :math:`p`-frames (the
+    frames of :class:`~fmlab.data.shift.StyleShiftWorld`'s overlap construction, drawn
+    from the same seed), the first :math:`p_s` content coordinates are rendered by the
+    columns of :math:`U` in every style, and coordinate :math:`c \\ge p_s` of style
+    :math:`j` by :math:`\\cos(a)\\,U_{:c} + \\sin(a)\\,(Q_j)_{:c}`. Then
+
+    .. math::
+        R_0^\\top R_j = \\mathrm{diag}(I_{p_s},\\ \\cos^2(a)\\, I_{p - p_s}),
+        \\qquad j \\ne 0 :
+
+    the shared part of an OOD input is exactly that of the ID input with the same
+    content, and its specific part overlaps by :math:`\\cos^2 a` (0 at the default
+    :math:`a = 90°`). :math:`\\rho = 0` is the overlap world itself (the same frames,
+    type means and rule); :math:`\\rho = 1` has no shift. Used in Chapter 3.
+    """
+
+    def __init__(self, config: SharedStyleConfig):
+        if not isinstance(config, SharedStyleConfig):
+            raise TypeError(
+                f"config must be a SharedStyleConfig, got {type(config).__name__}"
+            )
+        super().__init__(config)  # the type means and the rule, as in the base world
+        c, p, ps = config, config.dim_content, config.n_shared
+        g = make_generator(c.seed)  # the base world's first draw: its frames
+        q, _ = torch.linalg.qr(
+            torch.randn(c.dim_input, c.dim_input, generator=g, dtype=torch.float64)
+        )
+        a = math.radians(90.0 if c.overlap_deg is None else c.overlap_deg)
+        U = q[:, :p]
+        frames = []
+        for j in range(c.n_styles):
+            R = math.cos(a) * U + math.sin(a) * q[:, (j + 1) * p : (j + 2) * p]
+            R[:, :ps] = U[:, :ps]
+            frames.append(R)
+        self.render = torch.stack(frames)
+        self._render_all = torch.cat(list(self.render), dim=1)
+        self.rule = self.rule.clone()
+        self.rule[:, ps:] *= c.specific_rule_scale
+
+    def overlap(self) -> float:
+        """:math:`\\mathrm{tr}(R_0^\\top R_j)/p = (p_s + (p - p_s)\\cos^2 a)/p`, the
+        share of an OOD input's content energy that lies in the ID inputs' span."""
+        c = self.config
+        a = 90.0 if c.overlap_deg is None else c.overlap_deg
+        cos2 = 0.0 if a == 90.0 else math.cos(math.radians(a)) ** 2
+        return (c.n_shared + (c.dim_content - c.n_shared) * cos2) / c.dim_content
+
+    def __repr__(self) -> str:
+        return super().__repr__()[:-1] + f", shared={self.config.n_shared})"
+
+
+def make_world(config: StyleShiftConfig) -> StyleShiftWorld:
+    """The world of ``config``: a :class:`SharedStyleWorld` for a
+    :class:`SharedStyleConfig`, else a :class:`~fmlab.data.shift.StyleShiftWorld`."""
+    if isinstance(config, SharedStyleConfig):
+        return SharedStyleWorld(config)
+    return StyleShiftWorld(config)
+
+
+def with_shared(
+    cfg: "LPFTConfig", rho: float, angle: float | None = None, **changes
+) -> "LPFTConfig":
+    """``cfg`` in a shared-content world: a fraction ``rho`` of the content directions
+    shared by every style, the rest at the overlap angle ``angle`` (degrees; ``None``:
+    orthogonal), and any other field replaced by ``changes``."""
+    if not isinstance(cfg, LPFTConfig):
+        raise TypeError(f"cfg must be a LPFTConfig, got {type(cfg).__name__}")
+    cfg = dataclasses.replace(cfg, **changes)
+    fields = {
+        f.name: getattr(cfg.world, f.name) for f in dataclasses.fields(StyleShiftConfig)
+    }
+    fields.update(overlap_deg=None if angle is None else float(angle))
+    return dataclasses.replace(
+        cfg, world=SharedStyleConfig(**fields, shared_fraction=float(rho))
+    )
+
+
 # -- the experiment -------------------------------------------------------------------
 @dataclass(frozen=True)
 class LPFTConfig:
@@ -826,7 +939,7 @@ def pretrain_encoders(
         worlds, gens, models = [], [], []
         for seed in seeds:
             seed_everything(seed)
-            worlds.append(StyleShiftWorld(dataclasses.replace(cfg.world, seed=seed)))
+            worlds.append(make_world(dataclasses.replace(cfg.world, seed=seed)))
             encoder = build_encoder(cfg)
             models.append(
                 nn.Sequential(encoder, nn.Linear(cfg.rep_dim, cfg.world.n_types))
@@ -939,19 +1052,24 @@ def matched_loss_change_ratio(
 
 
 @torch.no_grad()
-def _span_residual(before: MLP, after: MLP, render: torch.Tensor, overlap: float):
-    """:math:`\\max_{j\\ge1}\\lVert\\Delta B R_j - \\cos^2(a)\\,\\Delta B R_0\\rVert_F /
-    \\lVert\\Delta B R_0\\rVert_F` for the change :math:`\\Delta B` of the first layer.
+def _span_residual(before: MLP, after: MLP, render: torch.Tensor):
+    """:math:`\\max_{j\\ge1}\\lVert\\Delta B R_j - \\Delta B R_0 (R_0^\\top R_j)
+    \\rVert_F / \\lVert\\Delta B R_0\\rVert_F` for the change :math:`\\Delta B` of the
+    first layer.
 
     Fine-tuning on style-0 inputs changes :math:`B` only along their span, the columns
-    of :math:`R_0` (the span lemma of Chapter 3), and
-    :math:`R_0^\\top R_j = \\cos^2(a) I`, so an OOD input :math:`R_j z` sees exactly
-    :math:`\\cos^2(a)` times the first-layer change that the ID input :math:`R_0 z`
-    sees: the residual is 0 up to rounding.
+    of :math:`R_0` (the span lemma of Chapter 3), so :math:`\\Delta B = M R_0^\\top` and
+    an OOD input :math:`R_j z` sees :math:`\\Delta B R_0 (R_0^\\top R_j) z`: in the
+    overlap world :math:`R_0^\\top R_j = \\cos^2(a) I`, so exactly :math:`\\cos^2(a)`
+    times the change the ID input :math:`R_0 z` sees, and in a
+    :class:`SharedStyleWorld` the full change on the shared directions. The residual
+    is 0 up to rounding.
     """
     dB = _linears(after)[0].weight - _linears(before)[0].weight  # (out, D)
     id_part = dB @ render[0]
-    worst = max(float((dB @ r - overlap * id_part).norm()) for r in render[1:])
+    worst = max(
+        float((dB @ r - id_part @ (render[0].T @ r)).norm()) for r in render[1:]
+    )
     return worst / max(float(id_part.norm()), 1e-30)
 
 
@@ -986,7 +1104,9 @@ def run_lpft_experiment(cfg: LPFTConfig) -> dict:
     * ``trace[m]`` (FT, LP-FT): ``(S, G, R, 3)`` training loss, ID and OOD feature
       change (on ``n_track`` test inputs) at the steps ``trace_steps`` (NaN after a
       divergence), for FT of its first head's runs;
-    * ``lp_train_loss``: ``(S,)`` the chosen probe's training loss, ``pretrain_loss``:
+    * ``lp_train_loss``, ``lp_train_acc``: ``(S,)`` the chosen probe's training loss
+      and training accuracy (below 1: the ID data are not separable on the frozen
+      features), ``pretrain_loss``:
       ``(S,)`` the mean of the last 50 pretraining mini-batch losses,
       ``feature_norm_id``: ``(S,)`` the average feature norm of the ID test inputs, and
       ``overlap``: the world's :math:`\\cos^2(a)` (:meth:`StyleShiftWorld.overlap`).
@@ -1015,13 +1135,14 @@ def run_lpft_experiment(cfg: LPFTConfig) -> dict:
             for m in FINE_TUNED
         }
         lp_loss, norm_id = torch.zeros(S, dtype=f64), torch.zeros(S, dtype=f64)
-        overlap = StyleShiftWorld(cfg.world).overlap()
+        lp_train_acc = torch.zeros(S, dtype=f64)
+        overlap = make_world(cfg.world).overlap()
 
         # every world's encoder, pretrained together, and its data
         encoders, pre_losses = pretrain_encoders(cfg, cfg.seeds)
         data, renders = [], []
         for seed in cfg.seeds:
-            world = StyleShiftWorld(dataclasses.replace(cfg.world, seed=seed))
+            world = make_world(dataclasses.replace(cfg.world, seed=seed))
             renders.append(world.render.float())
             g = make_generator(10_000 + seed)
             data.append(
@@ -1080,6 +1201,7 @@ def run_lpft_experiment(cfg: LPFTConfig) -> dict:
                 lp_loss[si] = F.cross_entropy(
                     heads[best](feats), train_s.labels, label_smoothing=alpha
                 )
+                lp_train_acc[si] = _hits(heads[best](feats), train_s.labels)
 
         trace_steps = None
         for si, seed in enumerate(progress(cfg.seeds, total=S, desc="fine-tuning")):
@@ -1144,7 +1266,7 @@ def run_lpft_experiment(cfg: LPFTConfig) -> dict:
                     d_ood = (phi_ood - before[si][1]).norm(dim=1)
                     moved[h, j] = torch.stack([d_id.mean(), d_ood.mean()])
                     worst[h, j] = d_ood.max()
-                    resid[h, j] = _span_residual(encoder, enc_r, renders[si], overlap)
+                    resid[h, j] = _span_residual(encoder, enc_r, renders[si])
                     if h == 0:  # the trace of the first head's run
                         trace[m][si, j] = torch.stack(
                             [runs.trace[k][r] for k in ("train_loss", "id", "ood")],
@@ -1188,6 +1310,7 @@ def run_lpft_experiment(cfg: LPFTConfig) -> dict:
             "trace": trace,
             "trace_steps": trace_steps,
             "lp_train_loss": lp_loss,
+            "lp_train_acc": lp_train_acc,
             "pretrain_loss": pre_losses[:, -50:].mean(1).double(),
             "feature_norm_id": norm_id,
             "span_residual": span,
@@ -1277,6 +1400,22 @@ def tolerance_moves(results: Sequence[dict], cfg: LPFTConfig) -> dict:
         out[m] = (moved, runs)
     out["tolerance"] = sum(tols) / len(tols)
     return out
+
+
+def best_validation(result: dict, method: str) -> torch.Tensor:
+    """``method``'s ``(S, 2)`` ID and OOD test accuracy at the grid value with the
+    single best validation accuracy (exact ties to the conservative value), beside the
+    one-standard-error choice that ``result["acc"][method]`` holds; ``result`` is from
+    :func:`run_lpft_experiment`."""
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    sweep = result["sweep"][method]
+    order = _conservative_order(method, sweep.shape[1])
+    rows = [
+        sweep[s, select_by_validation(sweep[s, :, 0].tolist(), order), 1:]
+        for s in range(sweep.shape[0])
+    ]
+    return torch.stack(rows)
 
 
 def probe_contrast(results: Sequence[dict], cfg: LPFTConfig, l2s: tuple) -> dict:
