@@ -714,3 +714,21 @@ def test_best_validation_and_lp_training_accuracy_by_brute_force(tiny_cache):
     assert float(res["lp_train_acc"][0]) == pytest.approx(acc, abs=1.5 / TINY.n_train)
     with pytest.raises(ValueError, match="method"):
         best_validation(res, "probe")
+
+
+def test_rule_report_by_hand(tiny_cache):
+    """The shift angle from cos α = cos² a, and the best-validation differences and
+    LP's fit recomputed by hand from the sweep."""
+    from fmlab.chapters.ch3_lpft import best_validation
+
+    res = {a: run_lpft_experiment(at_angle(TINY_OVERLAP, a)) for a in (45.0, 60.0)}
+    rep = fig3.rule_report(res)
+    assert rep["alpha_45"] == "60°"  # cos α = 1/2
+    assert rep["alpha_60"] == "76°"  # cos α = 1/4: 75.52°
+    r = res[60.0]
+    d = 100 * (best_validation(r, "lpft")[:, 1] - r["acc"]["lp"][:, 1])
+    se = math.sqrt(((d - d.mean()) ** 2).sum() / (len(d) - 1) / len(d))
+    assert rep["bv_ood_60"] == f"{float(d.mean()):+.2f} ± {se:.2f}"
+    fits = [100 * float(v) for x in res.values() for v in x["lp_train_acc"]]
+    assert rep["lp_train"] == f"{sum(fits) / len(fits):.1f}%"
+    assert rep["lp_train_max"] == f"{max(fits):.1f}%"

@@ -23,9 +23,10 @@ from .._validate import check_int
 from ..theory.feature_distortion import DistortionSweep, id_loss, ood_loss
 from ..viz import PALETTE, slider_figure, table
 from .ch3_linear import FeaturePicture, LinearTheoryConfig
-from .ch3_lpft import _NAMES, METHODS, feature_change_at_loss
+from .ch3_lpft import _NAMES, METHODS, best_validation, feature_change_at_loss
 
 __all__ = [
+    "rule_report",
     "TALK",
     "linear_losses",
     "linear_slider",
@@ -505,6 +506,42 @@ def orderings_table(sweep: Mapping[float, dict], holds: Mapping[float, dict]):
         caption="mean ± s.e. over seeds (points); ✔: clear (the mean beyond 0, or "
         "beyond +1 point, by more than 3 s.e., and every seed beyond it too)",
     )
+
+
+def rule_report(res: Mapping[float, dict]) -> dict:
+    """What the prose cites about each overlap angle :math:`a` of ``res`` (angle ->
+    result of :func:`~fmlab.chapters.ch3_lpft.run_lpft_experiment`), as text (name ->
+    text; ``{a}`` is the angle in whole degrees):
+
+    * ``alpha_{a}``: the linear theory's shift angle :math:`\\alpha` with
+      :math:`\\cos\\alpha = \\cos^2 a` (an OOD input keeps :math:`\\cos^4 a` of its
+      energy in the span of the ID inputs);
+    * ``bv_id_{a}``, ``bv_ood_{a}``: LP-FT at its single best validation rate minus LP
+      (at the rule's choice), mean ± standard error over the seeds, in points;
+    * ``bv_ft_lpft_id_{a}``: FT minus LP-FT in distribution, both at their best
+      validation rates;
+    * ``lp_train``, ``lp_train_max``: the chosen probe's training accuracy, mean and
+      largest over every world of every angle.
+    """
+    out, fits = {}, []
+    for a, r in res.items():
+        cos2 = math.cos(math.radians(a)) ** 2
+        out[f"alpha_{a:.0f}"] = f"{math.degrees(math.acos(cos2)):.0f}°"
+        best = {m: 100 * best_validation(r, m) for m in ("ft", "lpft")}
+        lp = 100 * r["acc"]["lp"]
+        diffs = {
+            f"bv_id_{a:.0f}": best["lpft"][:, 0] - lp[:, 0],
+            f"bv_ood_{a:.0f}": best["lpft"][:, 1] - lp[:, 1],
+            f"bv_ft_lpft_id_{a:.0f}": best["ft"][:, 0] - best["lpft"][:, 0],
+        }
+        for name, d in diffs.items():
+            se = float(d.std()) / math.sqrt(len(d)) if len(d) > 1 else float("nan")
+            out[name] = f"{float(d.mean()):+.2f} ± {se:.2f}"
+        fits.append(100 * r["lp_train_acc"])
+    fits = torch.cat(fits)
+    out["lp_train"] = f"{float(fits.mean()):.1f}%"
+    out["lp_train_max"] = f"{float(fits.max()):.1f}%"
+    return out
 
 
 def describe(cfg) -> dict:
