@@ -22,7 +22,7 @@ REQUIRED_KEYS = [
     "ch3.lp_minus_ft_ood",
     "ch3.lpft_minus_lp_ood",
     "ch3.lpft_minus_lp_id",
-    "ch3.feature_change_ratio",
+    "ch3.feature_change_ratio_10x",
     "ch3.lp_minus_scratch_ood",
     "ch4.prompt_minus_standard_k_small",
     "ch4.entk_minus_ft_prompt",
