@@ -16,7 +16,9 @@ before resolving any change to a claim.
 ``--store book/robustness.json`` also merges every keyed claim's verdict, value and
 strength at each offset into that file (with the commit and date of the run), which the
 book's reproduction notes read: a later run replaces the same key at the same offset and
-keeps the rest.
+keeps the rest. A key whose registry entry names a ``stored`` script reads its value from
+a results file, the same at every offset, so it is recorded once, under ``"stored"``
+(with that script), not once per offset.
 
 Claims are matched across offsets by their key, or by their statement where they have
 none; a statement must therefore not contain run-dependent numbers.
@@ -197,10 +199,25 @@ def _commit() -> str:
         return "unknown"
 
 
-def store(results: list[dict], path: Path) -> dict:
+def stored_keys(registry: Path = ROOT / "book" / "claims.yml") -> dict[str, str]:
+    """The keys whose value a chapter reads from a stored run, with the script that
+    writes it: ``{key: script}`` from the registry's ``stored`` fields."""
+    import yaml
+
+    keys = yaml.safe_load(registry.read_text(encoding="utf-8")).get("keys") or {}
+    return {k: e["stored"] for k, e in keys.items() if e.get("stored")}
+
+
+def store(results: list[dict], path: Path, stored: dict | None = None) -> dict:
     """Merge the keyed verdicts of ``results`` into the robustness file at ``path``:
     ``{"keys": {key: {"offsets": {offset: {verified, claimed, value, strength,
-    commit, date}}}}}``. A later run replaces a key at the same offset."""
+    commit, date}}}}}``. A later run replaces a key at the same offset.
+
+    A key of ``stored`` (``{key: script}``, by default :func:`stored_keys`) takes its
+    value from a results file, so every offset gives the same number: it is recorded
+    once, as ``{"stored": {script, verified, claimed, value, strength, commit,
+    date}}``, and never per offset (that would read as several checks of one run)."""
+    stored = stored_keys() if stored is None else stored
     data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     keys = data.setdefault("keys", {})
     stamp = {"commit": _commit(), "date": time.strftime("%Y-%m-%d")}
@@ -210,18 +227,24 @@ def store(results: list[dict], path: Path) -> dict:
         for c in res["claims"]:
             if not c.get("key"):
                 continue
-            entry = keys.setdefault(c["key"], {"offsets": {}})
-            entry["offsets"][str(res["offset"])] = {
+            verdict = {
                 "verified": bool(c["verified"]),
                 "claimed": bool(c.get("claimed", True)),
                 "value": c.get("value"),
                 "strength": c.get("strength"),
                 **stamp,
             }
+            if c["key"] in stored:
+                keys[c["key"]] = {"stored": {"script": stored[c["key"]], **verdict}}
+                continue
+            entry = keys.setdefault(c["key"], {"offsets": {}})
+            entry.pop("stored", None)
+            entry.setdefault("offsets", {})[str(res["offset"])] = verdict
     for entry in keys.values():
-        entry["offsets"] = dict(
-            sorted(entry["offsets"].items(), key=lambda i: int(i[0]))
-        )
+        if "offsets" in entry:
+            entry["offsets"] = dict(
+                sorted(entry["offsets"].items(), key=lambda i: int(i[0]))
+            )
     data["keys"] = dict(sorted(keys.items()))
     path.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
     return data

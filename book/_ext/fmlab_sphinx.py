@@ -219,10 +219,26 @@ def _robustness(app) -> dict:
 
 
 def _robustness_text(entry: dict | None) -> str:
-    """A key's verdicts at the stored offsets: "✔ at 5 of 5 offsets (0-4), weakest
-    1.9× at 3; values +0.08 to +0.12"."""
+    """A key's verdicts at the stored offsets: "holds at 5 of 5 offsets (0, 1, 2, 3,
+    4); weakest 1.90× the rule's 3 s.e., at offset 3; values 0.08 to 0.12", or, for a
+    key read from a stored run (recorded once, under ``"stored"``), that run's
+    verdict."""
     if not entry:
         return "no stored run at other seed offsets yet"
+    if "stored" in entry:  # read from a results file: one run, whatever the offset
+        run = entry["stored"]
+        held = "does not hold"
+        if run.get("verified"):
+            held = "holds" if run.get("claimed", True) else "would hold"
+        text = (
+            f"one stored run ({run.get('script', 'its script')}), the same at every "
+            f"seed offset: {held}"
+        )
+        if run.get("strength") is not None:
+            text += f", {run['strength']:.2f}× the rule's 3 s.e."
+        if isinstance(run.get("value"), float):
+            text += f"; value {run['value']:.4g}"
+        return text
     by = entry.get("offsets", {})
     offsets = sorted(by, key=int)
     held = [k for k in offsets if by[k].get("verified")]

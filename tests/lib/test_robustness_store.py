@@ -64,3 +64,33 @@ def test_notes_text_names_the_weakest_offset():
     assert "weakest 1.20× the rule's 3 s.e., at offset 3" in text
     assert "values 0.1 to 0.2" in text
     assert "no stored run" in ext._robustness_text(None)
+
+
+def test_a_stored_key_is_recorded_once_whatever_the_offsets(tmp_path):
+    seeds = _module("check_seeds", ROOT / "scripts" / "check_seeds.py")
+    path = tmp_path / "robustness.json"
+    path.write_text(  # an old record with the stored key once per offset
+        json.dumps({"keys": {"ch9.gain": {"offsets": {"0": {"value": 0.2}}}}})
+    )
+    stored = {"ch9.gain": "scripts/ch9_sweep.py"}
+    seeds.store([_result(k, 0.2) for k in (0, 1, 2)], path, stored=stored)
+    entry = json.loads(path.read_text())["keys"]["ch9.gain"]
+    assert list(entry) == ["stored"]  # no per-offset copies of one run
+    assert entry["stored"]["script"] == "scripts/ch9_sweep.py"
+    assert entry["stored"]["value"] == 0.2 and entry["stored"]["verified"] is True
+    ext = _module("fmlab_sphinx", ROOT / "book" / "_ext" / "fmlab_sphinx.py")
+    text = ext._robustness_text(entry)
+    assert text.startswith("one stored run (scripts/ch9_sweep.py)")
+    assert "holds, 2.00× the rule's 3 s.e." in text and "offsets (" not in text
+
+
+def test_the_registry_names_the_stored_keys_and_the_record_has_them_once():
+    seeds = _module("check_seeds", ROOT / "scripts" / "check_seeds.py")
+    stored = seeds.stored_keys()
+    assert stored, "the registry marks the keys read from stored runs"
+    record = json.loads((ROOT / "book" / "robustness.json").read_text())["keys"]
+    for key, script in stored.items():
+        assert (ROOT / script).is_file(), script
+        if key in record:
+            assert list(record[key]) == ["stored"], key
+            assert record[key]["stored"]["script"] == script
