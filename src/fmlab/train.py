@@ -1,4 +1,5 @@
-"""One training loop, a progress bar, and an on-disk cache of trained models.
+"""One training loop, a learning-rate schedule, a progress bar, and an on-disk cache of
+trained models.
 
 The cache is keyed by a hash of the config (:func:`fmlab.repro.config_hash`), the seed
 offset and the code that computes the entry (:func:`fmlab.repro.code_fingerprint`),
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 import os
 import sys
 import tempfile
@@ -26,7 +28,16 @@ from torch import nn
 from ._validate import check_choice, check_float, check_int
 from .repro import code_fingerprint, config_hash, seed_offset
 
-__all__ = ["progress", "train", "train_scheduled", "TrainResult", "cache_dir", "cached"]
+__all__ = [
+    "progress",
+    "train",
+    "train_scheduled",
+    "lr_factor",
+    "LR_SHAPES",
+    "TrainResult",
+    "cache_dir",
+    "cached",
+]
 
 
 def _progress_enabled() -> bool:
@@ -174,6 +185,79 @@ def train_scheduled(
         sched.step()
         if every and callback is not None and (s + 1) % every == 0:
             callback(s + 1)
+
+
+#: The shapes of :func:`lr_factor`.
+LR_SHAPES = ("cosine", "constant", "warmup-then-cosine", "linear")
+
+
+def lr_factor(
+    step: int,
+    *,
+    steps: int,
+    warmup: int = 0,
+    shape: str = "cosine",
+    floor: float = 0.0,
+    decay_start: int | None = None,
+) -> float:
+    r"""The learning-rate multiplier after ``step`` updates of a run of ``steps``
+    (``0 <= step <= steps``; :class:`torch.optim.lr_scheduler.LambdaLR` asks for
+    ``step = 0`` before the first update and ``step = steps`` after the last).
+
+    With the warm-up ramp :math:`r(s) = \min(1, (s+1)/w)` over ``warmup`` :math:`= w`
+    steps (:math:`r = 1` when :math:`w = 0`), :math:`S` = ``steps`` and :math:`f` =
+    ``floor``:
+
+    * ``"cosine"``: :math:`r(s)\,\big(f + (1-f)\,\tfrac12(1 + \cos(\pi s/S))\big)`,
+      the ramp times one half-period of a cosine over the whole run, from 1 at step 0
+      down to :math:`f` at step :math:`S`, after the last update (Chapter 5's
+      pretraining: :func:`fmlab.chapters.ch5_implicit_bias.train_phase` and
+      :func:`fmlab.chapters.ch5_sgd_noise.train_bert`, with :math:`f = 0`);
+    * ``"constant"``: :math:`r(s)` (Chapter 5's continued SGD);
+    * ``"warmup-then-cosine"``: :math:`r(s)` while :math:`s < w`, then
+      :math:`f + (1-f)\,\tfrac12(1 + \cos(\pi t))` with :math:`t = \min(1, (s -
+      w)/(S - 1 - w))`, a cosine from 1 at the end of the warm-up down to :math:`f` at
+      the last update, :math:`s = S - 1` (Chapter 6's pretraining, :math:`f = 0.1`);
+    * ``"linear"``: :math:`r(s)` while :math:`s < s_0` (``decay_start``, by default
+      :math:`w`; at least :math:`w`), then :math:`(S - s)/(S - s_0)`, a straight line
+      down to 0 at step :math:`S` (Chapter 5's "constant-then-decay", :math:`w = 0`;
+      Chapter 6's linear schedule, :math:`s_0 = w`).
+
+    Every denominator is at least 1, so a run too short for its warm-up or decay still
+    has a finite schedule. ``floor`` (in [0, 1]) belongs to the cosine shapes and
+    ``decay_start`` to ``"linear"``; giving either to another shape raises. Each shape
+    keeps the floating-point operations, in their order, of the chapter code it
+    replaced (the cosine's angle is :math:`(\pi s)/S` in one and :math:`\pi\,t` in
+    the other), so every schedule is the same to the last bit.
+    """
+    steps = check_int("steps", steps, minimum=0)
+    step = check_int("step", step, minimum=0, maximum=steps)
+    warmup = check_int("warmup", warmup, minimum=0)
+    check_choice("shape", shape, LR_SHAPES)
+    floor = check_float("floor", floor, minimum=0.0, maximum=1.0)
+    if floor and shape not in ("cosine", "warmup-then-cosine"):
+        raise ValueError(f"floor applies to the cosine shapes only, not {shape!r}")
+    if decay_start is not None and shape != "linear":
+        raise ValueError(f"decay_start applies to the linear shape only, not {shape!r}")
+    ramp = min(1.0, (step + 1) / warmup) if warmup else 1.0
+    if shape == "constant":
+        return ramp
+    if shape == "cosine":
+        cosine = 0.5 * (1.0 + math.cos(math.pi * step / max(1, steps)))
+        return ramp * (floor + (1.0 - floor) * cosine)
+    if shape == "linear":
+        if decay_start is None:
+            start = check_int("warmup", warmup, maximum=steps)
+        else:
+            start = check_int("decay_start", decay_start, minimum=warmup, maximum=steps)
+        if step < start:
+            return ramp
+        return max(0.0, (steps - step) / max(1, steps - start))
+    check_int("warmup", warmup, maximum=steps)
+    if step < warmup:
+        return ramp
+    t = min(1.0, (step - warmup) / max(1, steps - 1 - warmup))
+    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * t))
 
 
 def cache_dir() -> Path:

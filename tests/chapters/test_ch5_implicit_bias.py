@@ -3,7 +3,8 @@ ch5_sgd_noise) at tiny configs.
 
 Oracles: the shapes and identities the chapter relies on (the pretrained model is the
 continued run's first checkpoint; the look-up table of untied emissions reads the block
-better than chance), and monotone data for the rank correlation.
+better than chance), monotone data for the rank correlation, and the library's
+learning-rate schedule for both training loops.
 """
 
 import pytest
@@ -86,3 +87,44 @@ def test_rank_correlation_of_monotone_models():
     acc = torch.tensor([[0.1, 0.1], [0.2, 0.2], [0.3, 0.3], [0.4, 0.4]])[..., None]
     rho = ch5t.trace_transfer_rank_correlation({"trace": trace, "accuracy": acc})
     assert torch.allclose(rho, torch.tensor([-1.0, 1.0], dtype=rho.dtype))
+
+
+def test_both_training_loops_follow_the_librarys_schedule(monkeypatch):
+    """train_phase and train_bert hand :func:`fmlab.train.lr_factor` to the loop: the
+    ramp times the cosine (or the ramp alone), and the constant-then-decay line."""
+    from fmlab.data.hmm_language import HMMLanguage
+    from fmlab.models.bert import BertConfig, EnsembleBert
+    from fmlab.models.masked_lm import BiGRUMaskedLM
+    from fmlab.train import lr_factor
+
+    factors = []
+
+    def record(model, step_loss, *, steps, lr_factor, **kwargs):  # no training
+        factors.append([lr_factor(s) for s in range(steps + 1)])
+
+    monkeypatch.setattr(ch5, "train_scheduled", record)
+    monkeypatch.setattr(ch5t, "train_scheduled", record)
+    lang = HMMLanguage(HMMLanguageConfig())
+    gru = BiGRUMaskedLM(lang.config.vocab_size, hidden=2, d_ff=2)
+    for cosine in (True, False):
+        ch5.train_phase(
+            gru, lang, steps=30, batch=1, lr=1.0, warmup=4, cosine=cosine,
+            generator=torch.Generator(),
+        )  # fmt: skip
+    shape = BertConfig(
+        lang.config.vocab_size, lang.config.length, d_model=4, n_layers=1
+    )
+    bert = EnsembleBert(shape)
+    for schedule in ("cosine", "constant-then-decay"):
+        ch5t.train_bert(
+            bert, lang, steps=30, batch=1, lr=1.0, optimizer="sgd", warmup=4,
+            schedule=schedule, decay_fraction=0.2, generator=torch.Generator(),
+        )  # fmt: skip
+    expected = [
+        dict(warmup=4),
+        dict(warmup=4, shape="constant"),
+        dict(warmup=4),
+        dict(shape="linear", decay_start=24),  # no warm-up; the last 20% decays
+    ]
+    for got, kw in zip(factors, expected, strict=True):
+        assert got == [lr_factor(s, steps=30, **kw) for s in range(31)]

@@ -1,17 +1,16 @@
-"""Tests of what the six-seed same-loss run of Chapter 5 adds (notebooks/05b): probes
-scored against the exact posterior, the run without continued SGD from the pretrained
-models, and the recovery arms from the adversarial models.
+"""Tests of what the six-seed same-loss run of Chapter 5 adds (notebooks/05b): the run
+without continued SGD from the pretrained models, and the recovery arms from the
+adversarial models (its probes scored against the exact posterior are tested with the
+probes, in tests/lib/test_ridge_probes.py).
 
-Oracles: a one-hot posterior reproduces the plain hit rate and a uniform one gives 1/K
-whatever the probe predicts; the first members of an ensemble are copied exactly; every
-recovery arm starts from the same adversarial models (its first row is shared).
+Oracles: the first members of an ensemble are copied exactly; every recovery arm
+starts from the same adversarial models (its first row is shared).
 """
 
 from dataclasses import replace
 
 import pytest
 import torch
-import torch.nn.functional as F
 from test_ch5_implicit_bias import TINY
 
 from fmlab.chapters import ch5_implicit_bias as ch5
@@ -30,30 +29,6 @@ SMALL = replace(
     recovery_batches=(8, 16),
     recovery_lrs=(0.1, 0.2),
 )
-
-
-def _probe_data(n=60, m=40, d=5, seed=0):
-    g = make_generator(seed)
-    x, xt = torch.randn(n, d, generator=g), torch.randn(m, d, generator=g)
-    y, yt = (x[:, 0] > 0).long(), (xt[:, 0] > 0).long()
-    return x, y, xt, yt
-
-
-def test_posterior_scored_probe_reduces_to_hits_and_to_chance():
-    x, y, xt, yt = _probe_data()
-    plain = ch5.ridge_probe_accuracy(x, y, xt, yt, 2)
-    onehot = ch5.ridge_probe_accuracy(
-        x, y, xt, yt, 2, test_posterior=F.one_hot(yt, 2).double()
-    )
-    assert onehot == pytest.approx(plain, abs=1e-12)
-    uniform = torch.full((len(yt), 2), 0.5)
-    assert ch5.ridge_probe_accuracy(
-        x, y, xt, yt, 2, test_posterior=uniform
-    ) == pytest.approx(0.5)
-    curve = ch5.probe_curve(x, y, xt, yt, 2, (20, 60), test_posterior=uniform)
-    assert torch.allclose(curve, torch.full((2,), 0.5, dtype=curve.dtype))
-    with pytest.raises(ValueError):
-        ch5.ridge_probe_accuracy(x, y, xt, yt, 2, test_posterior=uniform[:5])
 
 
 def test_first_members_are_copied_exactly():

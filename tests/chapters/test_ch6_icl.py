@@ -1,8 +1,9 @@
 """Tests for Chapter 6's transformer language model (fmlab.models.gpt) and the pieces of
 fmlab.chapters.ch6_icl around it. Oracles: attention written out by hand with an
 explicit causal
-mask, perturbation of future tokens, the closed form of the learning-rate schedule,
-and accuracies recomputed from the stored predictions."""
+mask, perturbation of future tokens, the schedule of fmlab.train.lr_factor as the
+optimiser follows it, and accuracies recomputed from the stored predictions (the
+schedule's closed forms are tested in tests/lib/test_train_schedule.py)."""
 
 import itertools
 import math
@@ -22,7 +23,6 @@ from fmlab.chapters.ch6_icl import (
     gain_per_seed,
     in_context_grid,
     load_ginc_lm,
-    lr_schedule,
     next_token_logits,
     pretrain_ginc_lm,
     prompt_example_losses,
@@ -36,6 +36,7 @@ from fmlab.data.ginc import (
     prompt_length,
 )
 from fmlab.models.gpt import CausalLM, GPTConfig
+from fmlab.train import lr_factor
 
 
 @pytest.fixture(scope="module")
@@ -143,18 +144,6 @@ def test_prompt_length_is_the_length_of_an_assembled_prompt(tiny):
         assert assemble_prompts(pr.examples).shape[1] == prompt_length(n, k)
     with pytest.raises(ValueError, match="example_length"):
         prompt_length(2, 1)
-
-
-def test_lr_schedule_warms_up_then_follows_a_cosine_to_the_floor():
-    steps, warmup = 101, 10
-    lrs = [lr_schedule(s, steps=steps, warmup=warmup) for s in range(steps)]
-    assert lrs[:warmup] == pytest.approx([(s + 1) / warmup for s in range(warmup)])
-    assert lrs[warmup] == pytest.approx(1.0) and lrs[-1] == pytest.approx(0.1)
-    mid = warmup + (steps - 1 - warmup) // 2  # halfway through the cosine (exact here)
-    assert lrs[mid] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi / 2)))
-    assert all(a >= b for a, b in zip(lrs[warmup:], lrs[warmup + 1 :]))
-    with pytest.raises(ValueError, match="step"):
-        lr_schedule(101, steps=101, warmup=10)
 
 
 def _tiny_pretraining(tiny, steps):
@@ -396,15 +385,32 @@ def test_prompt_example_losses_against_the_predictor_and_token_counts(tiny):
         prompt_example_losses(model, tiny, 1, 2, n_prompts=2, seed=0, epsilon=0.0)
 
 
-def test_linear_lr_schedule_warms_up_then_decays_to_zero():
-    steps, warmup = 100, 15
-    lrs = [
-        lr_schedule(s, steps=steps, warmup=warmup, linear=True) for s in range(steps)
-    ]
-    assert lrs[:warmup] == pytest.approx([(s + 1) / warmup for s in range(warmup)])
-    assert lrs[warmup] == pytest.approx(1.0)
-    assert lrs[warmup + 17] == pytest.approx((steps - warmup - 17) / (steps - warmup))
-    assert lrs[-1] == pytest.approx(1 / (steps - warmup)) and min(lrs) > 0
+def test_pretraining_follows_the_librarys_schedule(monkeypatch, tiny):
+    """The rate the optimiser uses at every step is ``lr`` times
+    :func:`fmlab.train.lr_factor` (the cosine to ``lr / 10``, or the line to 0),
+    held at the last step's after it."""
+    from fmlab.chapters import ch6_icl
+
+    seen = []
+
+    class Recording(torch.optim.lr_scheduler.LambdaLR):
+        def step(self, *args, **kwargs):
+            super().step(*args, **kwargs)
+            seen.append(self.get_last_lr()[0] / self.base_lrs[0])
+
+    monkeypatch.setattr(torch.optim.lr_scheduler, "LambdaLR", Recording)
+    for schedule, shape, floor in (
+        ("cosine", "warmup-then-cosine", 0.1),
+        ("linear", "linear", 0.0),
+    ):
+        seen.clear()
+        cfg = replace(_tiny_pretraining(tiny, steps=6), warmup=2, schedule=schedule)
+        ch6_icl._train(cfg)
+        expected = [
+            lr_factor(min(s, 5), steps=6, warmup=2, shape=shape, floor=floor)
+            for s in range(7)
+        ]
+        assert seen == pytest.approx(expected, rel=1e-12)
 
 
 def test_the_chapter_draws_its_documents_with_jumps_from_the_data_layer():

@@ -17,8 +17,6 @@ from fmlab.chapters.ch5_implicit_bias import (
     kl_gap,
     mlm_fisher_trace,
     mlm_gradient_covariance_trace,
-    probe_curve,
-    ridge_probe_accuracy,
     single_threaded,
 )
 from fmlab.data.hmm_language import HMMLanguage, HMMLanguageConfig
@@ -331,39 +329,7 @@ def test_kl_gap_is_cross_entropy_minus_entropy():
     assert bool((kl_gap(model, x, p) > 0).all())
 
 
-# -- probes ------------------------------------------------------------------------
-def test_ridge_probe_primal_and_kernel_forms_agree_and_separate_easy_data():
-    g = torch.Generator().manual_seed(0)
-    y = torch.randint(3, (60,), generator=g)
-    feats = F.one_hot(y, 3).double() + 0.05 * torch.randn(
-        60, 3, generator=g, dtype=torch.float64
-    )
-    assert ridge_probe_accuracy(feats[:30], y[:30], feats[30:], y[30:], 3) == 1.0
-    wide = torch.cat(
-        [feats, torch.randn(60, 40, generator=g, dtype=torch.float64)], 1
-    )  # d > n: kernel form
-    acc_kernel = ridge_probe_accuracy(
-        wide[:30], y[:30], wide[30:], y[30:], 3, ridge=0.5
-    )
-    a = wide[:30]
-    mu, sd = a.mean(0), a.std(0) + 1e-6
-    Z = torch.cat([(a - mu) / sd, torch.ones(30, 1, dtype=torch.float64)], 1)
-    Zt = torch.cat([(wide[30:] - mu) / sd, torch.ones(30, 1, dtype=torch.float64)], 1)
-    W = torch.linalg.solve(
-        Z.T @ Z / 30 + 0.5 * torch.eye(44, dtype=torch.float64),
-        Z.T @ F.one_hot(y[:30], 3).double() / 30,
-    )
-    assert acc_kernel == pytest.approx(
-        float(((Zt @ W).argmax(1) == y[30:]).double().mean())
-    )
-    curve = probe_curve(feats, y, feats, y, 3, (10, 30))
-    assert curve.shape == (2,)
-    with pytest.raises(ValueError, match="columns"):
-        ridge_probe_accuracy(feats, y, wide, y, 3)
-    with pytest.raises(ValueError, match="ridge"):
-        ridge_probe_accuracy(feats, y, feats, y, 3, ridge=0.0)
-
-
+# -- the adversary's probe ----------------------------------------------------------
 def test_adversarial_loss_is_differentiable_and_per_member():
     model = BiGRUMaskedLM(
         5, hidden=3, d_ff=4, n_models=2, generator=torch.Generator().manual_seed(0)

@@ -13,8 +13,8 @@ Used in Chapter 5 (``notebooks/05-implicit-bias.ipynb``). The pieces:
   stochastic gradient (:func:`mlm_gradient_covariance_trace`) for the Bartlett identity;
 * transfer: a ridge linear probe on the concatenated contextual representations that
   predicts the *block* of the hidden state at one position
-  (:func:`ridge_probe_accuracy`), and the same probe on the exact conditional
-  probabilities (the "look-up table");
+  (:func:`fmlab.adapt.probes.ridge_probe_accuracy`), and the same probe on the exact
+  conditional probabilities (the "look-up table");
 * three ways to reach (nearly) the same pretraining loss: Adam pretraining, continued
   SGD after convergence, and an adversarial meta-learning objective
   (:func:`adversarial_probe_loss`) that keeps the loss and spoils linear transfer.
@@ -26,7 +26,6 @@ Used in Chapter 5 (``notebooks/05-implicit-bias.ipynb``). The pieces:
 from __future__ import annotations
 
 import copy
-import math
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -37,13 +36,14 @@ from torch.func import functional_call, grad, vmap
 
 from .. import stored
 from .._validate import check_float, check_int, check_tensor
+from ..adapt.probes import ridge_probe_accuracy, ridge_probe_curve
 from ..data.hmm_language import HMMLanguage, HMMLanguageConfig
 from ..models.masked_lm import BiGRUMaskedLM, masked_lm_loss
 from ..repro import make_generator, seed_offset, single_threaded
 from ..theory import flatness
 from ..theory.decomposition import spearman
 from ..theory.flatness import TraceEstimate, fisher_trace, hutchinson_trace
-from ..train import cached, train_scheduled
+from ..train import cached, lr_factor, train_scheduled
 
 __all__ = [
     "GRU_BLOCKS",
@@ -52,8 +52,6 @@ __all__ = [
     "mlm_fisher_trace",
     "mlm_hutchinson_trace",
     "mlm_gradient_covariance_trace",
-    "ridge_probe_accuracy",
-    "probe_curve",
     "adversarial_probe_loss",
     "lookup_table_transfer",
     "block_trace_comparison",
@@ -262,137 +260,8 @@ def mlm_gradient_covariance_trace(
 
 
 # ---------------------------------------------------------------------------------
-# linear probes
+# the adversary's probe (the evaluation probe is fmlab.adapt.probes.ridge_probe_curve)
 # ---------------------------------------------------------------------------------
-def ridge_probe_accuracy(
-    train_features: torch.Tensor,
-    train_labels: torch.Tensor,
-    test_features: torch.Tensor,
-    test_labels: torch.Tensor,
-    n_classes: int,
-    ridge: float = 1e-2,
-    test_posterior: torch.Tensor | None = None,
-) -> float:
-    """Test accuracy of a ridge-regression classifier (one-hot targets) on standardised
-    features.
-
-    With ``test_posterior`` (``(n_test, n_classes)``, the exact :math:`P(y\\mid x)` of
-    each test input) the score is the *expected* accuracy
-    :math:`\\frac1m\\sum_i P(y = \\hat y(x_i)\\mid x_i)`: the same population
-    accuracy as the plain one, estimated without the noise of the test labels
-    (``test_labels`` are then only checked for shape).
-
-    The head solves :math:`\\min_W \\frac1n\\lVert \\tilde\\Phi W - Y\\rVert^2 +
-    \\lambda\\lVert W\\rVert^2` in closed form, with :math:`\\tilde\\Phi` the features
-    standardised with the training statistics plus a constant column; prediction is the
-    arg-max of :math:`\\tilde\\phi^\\top W`."""
-    args = _probe_inputs(
-        train_features,
-        train_labels,
-        test_features,
-        test_labels,
-        n_classes,
-        ridge,
-        test_posterior,
-    )
-    return _probe_accuracy(*args)
-
-
-def _probe_inputs(
-    train_features, train_labels, test_features, test_labels, n_classes, ridge, post
-):
-    """The checked arguments of :func:`ridge_probe_accuracy`, in the order of
-    :func:`_probe_accuracy`; features and posterior in float64."""
-    n_classes = check_int("n_classes", n_classes, minimum=2)
-    ridge = check_float("ridge", ridge, minimum=0.0, strict_min=True)
-    ftr = check_tensor("train_features", train_features, ndim=2, floating=True).double()
-    fte = check_tensor("test_features", test_features, ndim=2, floating=True).double()
-    ytr = check_tensor(
-        "train_labels", train_labels, shape=(ftr.shape[0],), integer=True
-    )
-    yte = check_tensor("test_labels", test_labels, shape=(fte.shape[0],), integer=True)
-    if fte.shape[1] != ftr.shape[1]:
-        raise ValueError(
-            "train_features and test_features must have the same number of columns"
-        )
-    if post is not None:
-        post = check_tensor(
-            "test_posterior", post, shape=(fte.shape[0], n_classes), floating=True
-        ).double()
-    return ftr, ytr, fte, yte, n_classes, ridge, post
-
-
-def _probe_accuracy(ftr, ytr, fte, yte, n_classes, ridge, post) -> float:
-    """:func:`ridge_probe_accuracy` on checked inputs. The standardisation is folded
-    into the head (the test features are never copied), and the kernel form maps its
-    coefficients back to a head first: the same classifier, in fewer operations."""
-    mu, sd = ftr.mean(0), ftr.std(0) + 1e-6
-    a = torch.cat([(ftr - mu) / sd, torch.ones(len(ftr), 1, dtype=ftr.dtype)], 1)
-    n, d = a.shape
-    Y = F.one_hot(ytr, n_classes).double()
-    if d <= n:
-        W = torch.linalg.solve(
-            a.T @ a / n + ridge * torch.eye(d, dtype=a.dtype), a.T @ Y / n
-        )
-    else:  # the same solution in its n x n (kernel) form
-        coef = (
-            torch.linalg.solve(a @ a.T / n + ridge * torch.eye(n, dtype=a.dtype), Y) / n
-        )
-        W = a.T @ coef
-    # [(x - mu) / sd, 1] @ W = x @ (W_x / sd) + (w_1 - (mu / sd) @ W_x)
-    Wx = W[:-1] / sd[:, None]
-    pred = torch.addmm(W[-1] - mu @ Wx, fte, Wx).argmax(1)
-    if post is not None:
-        return float(post.gather(1, pred[:, None]).mean())
-    return float((pred == yte).double().mean())
-
-
-def probe_curve(
-    train_features,
-    train_labels,
-    test_features,
-    test_labels,
-    n_classes: int,
-    sizes,
-    ridge: float = 1e-2,
-    test_posterior: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Probe accuracy for each training size in ``sizes``: ``(len(sizes),)``.
-
-    A size :math:`m` uses disjoint blocks of :math:`m` training rows (up to three) and
-    averages their accuracies, so small sizes are not hostage to one draw. With
-    ``test_posterior`` each accuracy is the expected one under the exact posterior
-    (:func:`ridge_probe_accuracy`)."""
-    ftr, ytr, fte, yte, n_classes, ridge, post = _probe_inputs(
-        train_features,
-        train_labels,
-        test_features,
-        test_labels,
-        n_classes,
-        ridge,
-        test_posterior,
-    )
-    out = []
-    N = ftr.shape[0]
-    for m in sizes:
-        m = check_int("sizes", m, minimum=2, maximum=N)
-        reps = max(1, min(3, N // m))
-        accs = [
-            _probe_accuracy(
-                ftr[r * m : (r + 1) * m],
-                ytr[r * m : (r + 1) * m],
-                fte,
-                yte,
-                n_classes,
-                ridge,
-                post,
-            )
-            for r in range(reps)
-        ]
-        out.append(sum(accs) / reps)
-    return torch.tensor(out)
-
-
 def adversarial_probe_loss(
     model: BiGRUMaskedLM,
     tokens: torch.Tensor,
@@ -450,9 +319,10 @@ def train_phase(
     Each step draws ``batch`` new sentences per member (the population loss, no data set
     to overfit) and takes a step on the sum of the members' masked-LM losses, minus
     ``adversarial_weight`` times :func:`adversarial_probe_loss` on ``adversarial_batch``
-    fresh labelled sentences when that weight is positive. Learning rate: linear warmup
-    over ``warmup`` steps, then cosine decay to 0 (or constant when ``cosine=False``).
-    ``callback(step)`` runs every ``every`` steps.
+    fresh labelled sentences when that weight is positive. Learning rate: a linear
+    warm-up ramp over ``warmup`` steps times a cosine decay to 0 over the run (or the
+    ramp alone when ``cosine=False``): :func:`fmlab.train.lr_factor`, shape
+    ``"cosine"`` or ``"constant"``. ``callback(step)`` runs every ``every`` steps.
     """
     steps = check_int("steps", steps, minimum=0)
     batch = check_int("batch", batch, minimum=1)
@@ -461,9 +331,10 @@ def train_phase(
         "adversarial_weight", adversarial_weight, minimum=0.0
     )
 
+    shape = "cosine" if cosine else "constant"
+
     def factor(s):
-        w = min(1.0, (s + 1) / warmup) if warmup else 1.0
-        return w * (0.5 * (1 + math.cos(math.pi * s / steps)) if cosine else 1.0)
+        return lr_factor(s, steps=steps, warmup=warmup, shape=shape)
 
     E, S = model.n_models, language.config.states_per_block
 
@@ -589,8 +460,9 @@ def same_loss_experiment(config: SameLossConfig) -> dict:
     adversarial model), and ``recovery{i}_trace*`` at its end;
     ``bartlett_*`` at the pretrained models: the trace of the gradient covariance, the
     Fisher and Hutchinson traces. Every accuracy is the expected accuracy under the
-    exact posterior of the test inputs' blocks (:func:`ridge_probe_accuracy`). The
-    continued SGD and the Bartlett traces use the first ``sgd_models`` members."""
+    exact posterior of the test inputs' blocks
+    (:func:`fmlab.adapt.probes.ridge_probe_accuracy`). The continued SGD and the
+    Bartlett traces use the first ``sgd_models`` members."""
     if not isinstance(config, SameLossConfig):
         raise TypeError(f"config must be a SameLossConfig, got {type(config).__name__}")
     with single_threaded():
@@ -625,7 +497,9 @@ def _same_loss_experiment(config: SameLossConfig, pretraining_only=False) -> dic
     te_post = lang.block_posterior(te_tok)[:, c.position]  # exact P(block | sentence)
 
     def curve(ftr, fte):
-        return probe_curve(ftr, ytr, fte, yte, K, c.probe_sizes, c.probe_ridge, te_post)
+        return ridge_probe_curve(
+            ftr, ytr, fte, yte, K, c.probe_sizes, c.probe_ridge, te_post
+        )
 
     def transfer(model, short=False):
         m = c.recovery_test if short else len(te_tok)
@@ -634,7 +508,7 @@ def _same_loss_experiment(config: SameLossConfig, pretraining_only=False) -> dic
             fte = model.features(te_tok[:m]).flatten(2).double()
         sizes = c.recovery_sizes if short else c.probe_sizes
         acc = [
-            probe_curve(
+            ridge_probe_curve(
                 ftr[e], ytr, fte[e], yte[:m], K, sizes, c.probe_ridge, te_post[:m]
             )
             for e in range(model.n_models)
@@ -825,18 +699,26 @@ _SLICE_FIELDS = ("gap", "accuracy", "trace", "trace_encoder", "trace_head")
 def same_loss_sources() -> list:
     """The package code that produces the stored run, for its fingerprint
     (:mod:`fmlab.stored`): this whole module (the experiment, its training phases,
-    probes and traces), the model, the language, the trace estimators and the training
-    loop. The script's settings are in the file as its config."""
+    the adversary's probe and the traces), the ridge probe, the model, the language,
+    the trace estimators, the training loop and its schedule. The script's settings
+    are in the file as its config."""
+    from ..adapt.probes import _ridge_head, _ridge_probe_accuracy, _ridge_probe_inputs
     from ..data import hmm_language
     from ..models import masked_lm
     from ..repro import effective_seed
 
     return [
         sys.modules[__name__],
+        ridge_probe_curve,
+        ridge_probe_accuracy,
+        _ridge_probe_inputs,
+        _ridge_probe_accuracy,
+        _ridge_head,
         masked_lm,
         hmm_language,
         flatness,
         train_scheduled,
+        lr_factor,
         make_generator,
         effective_seed,
         single_threaded,

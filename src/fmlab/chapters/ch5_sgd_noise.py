@@ -30,7 +30,6 @@ difference in flatness is in the encoder.
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -41,6 +40,7 @@ from torch.func import functional_call
 
 from .. import stored
 from .._validate import check_float, check_int
+from ..adapt.probes import ridge_probe_curve
 from ..data.hmm_language import HMMLanguage, HMMLanguageConfig
 from ..models.bert import (
     HEAD_PARAMETERS,
@@ -52,8 +52,7 @@ from ..models.bert import (
 from ..repro import make_generator, single_threaded
 from ..theory.decomposition import spearman
 from ..theory.flatness import TraceEstimate, fisher_trace
-from ..train import cached, train_scheduled
-from .ch5_implicit_bias import probe_curve
+from ..train import cached, lr_factor, train_scheduled
 
 __all__ = [
     "NoiseTransferConfig",
@@ -247,11 +246,13 @@ def train_bert(
 ) -> None:
     """Train every member in place on fresh sentences, one masked position per sentence.
 
-    ``schedule="cosine"``: linear warmup over ``warmup`` steps, then cosine decay to 0
-    (pretraining). ``schedule="constant-then-decay"``: the learning rate ``lr`` for the
-    first ``1 - decay_fraction`` of the steps, then linearly down to 0 (continued SGD,
-    so that every run ends on the manifold of minimisers rather than in its stationary
-    oscillation around it). ``batch`` sentences per member and step."""
+    ``schedule="cosine"``: a linear warm-up ramp over ``warmup`` steps times a cosine
+    decay to 0 over the run (pretraining). ``schedule="constant-then-decay"``: the
+    learning rate ``lr`` for the first ``1 - decay_fraction`` of the steps, then
+    linearly down to 0 (continued SGD, so that every run ends on the manifold of
+    minimisers rather than in its stationary oscillation around it; ``warmup`` is not
+    used). Both are :func:`fmlab.train.lr_factor`, shapes ``"cosine"`` and
+    ``"linear"``. ``batch`` sentences per member and step."""
     steps = check_int("steps", steps, minimum=0)
     batch = check_int("batch", batch, minimum=1)
     lr = check_float("lr", lr, minimum=0.0, strict_min=True)
@@ -266,9 +267,8 @@ def train_bert(
 
     def factor(s):
         if schedule == "cosine":
-            w = min(1.0, (s + 1) / warmup) if warmup else 1.0
-            return w * 0.5 * (1 + math.cos(math.pi * s / steps))
-        return 1.0 if s < flat else (steps - s) / max(1, steps - flat)
+            return lr_factor(s, steps=steps, warmup=warmup, shape="cosine")
+        return lr_factor(s, steps=steps, shape="linear", decay_start=flat)
 
     E, T = model.n_models, model.config.length
     device = next(model.parameters()).device  # batches drawn on the CPU, sent there
@@ -402,7 +402,9 @@ def _evaluate(model: EnsembleBert, sets: dict, c, label_seed: int) -> dict:
         "head_closed_form": head_trace_closed_form(model, trace_tok, trace_pos),
         "accuracy": torch.stack(
             [
-                probe_curve(ftr[e], ytr, fte[e], yte, K, c.probe_sizes, c.probe_ridge)
+                ridge_probe_curve(
+                    ftr[e], ytr, fte[e], yte, K, c.probe_sizes, c.probe_ridge
+                )
                 for e in range(model.n_models)
             ]
         ),
@@ -664,12 +666,17 @@ def width_sweep_sources() -> list:
     (:mod:`fmlab.stored`): the run and its measurements, the training loop, the model,
     the language, the traces and the probe (the script's settings are in the file as
     its config). The analysis functions that read the sweep are not among them."""
+    from ..adapt.probes import (
+        _ridge_head,
+        _ridge_probe_accuracy,
+        _ridge_probe_inputs,
+        ridge_probe_accuracy,
+    )
     from ..data import hmm_language
     from ..models import bert
     from ..repro import effective_seed
     from ..theory import flatness
     from ..train import train_scheduled
-    from .ch5_implicit_bias import _probe_accuracy, _probe_inputs, ridge_probe_accuracy
 
     return [
         WidthSweepConfig,
@@ -680,15 +687,17 @@ def width_sweep_sources() -> list:
         _embedded_traces,
         train_bert,
         train_scheduled,
+        lr_factor,
         bert_kl_gap,
         bert_fisher_trace,
         _masked_inputs,
         _Masked,
         head_trace_closed_form,
-        probe_curve,
+        ridge_probe_curve,
         ridge_probe_accuracy,
-        _probe_inputs,
-        _probe_accuracy,
+        _ridge_probe_inputs,
+        _ridge_probe_accuracy,
+        _ridge_head,
         make_generator,
         effective_seed,
         bert,

@@ -27,10 +27,11 @@ import torch
 
 from .. import stored
 from .._validate import check_float, check_int
+from ..adapt.probes import ridge_probe_curve
 from ..data.hmm_language import HMMLanguage, HMMLanguageConfig
 from ..models.masked_lm import BiGRUMaskedLM
 from ..repro import make_generator, single_threaded
-from .ch5_implicit_bias import kl_gap, probe_curve, train_phase
+from .ch5_implicit_bias import kl_gap, train_phase
 
 __all__ = [
     "SIZE_SWEEP_RESULTS",
@@ -133,7 +134,7 @@ def size_sweep_run(config: SizeSweepConfig, size: int, device="cpu") -> dict:
             / F**0.5
         )
         acc = [
-            probe_curve(
+            ridge_probe_curve(
                 ftr[e] @ P,
                 ytr,
                 fte[e] @ P,
@@ -158,11 +159,16 @@ def size_sweep_run(config: SizeSweepConfig, size: int, device="cpu") -> dict:
 def size_sweep_sources() -> list:
     """The package code that produces the stored size sweep, for its fingerprint
     (:mod:`fmlab.stored`); the script's settings are in the file as its config."""
+    from ..adapt.probes import (
+        _ridge_head,
+        _ridge_probe_accuracy,
+        _ridge_probe_inputs,
+        ridge_probe_accuracy,
+    )
     from ..data import hmm_language
     from ..models import masked_lm
     from ..repro import effective_seed
-    from ..train import train_scheduled
-    from .ch5_implicit_bias import _probe_accuracy, _probe_inputs, ridge_probe_accuracy
+    from ..train import lr_factor, train_scheduled
 
     return [
         SizeSweepConfig,
@@ -171,11 +177,13 @@ def size_sweep_sources() -> list:
         size_sweep_slice,
         train_phase,
         train_scheduled,
+        lr_factor,
         kl_gap,
-        probe_curve,
+        ridge_probe_curve,
         ridge_probe_accuracy,
-        _probe_inputs,
-        _probe_accuracy,
+        _ridge_probe_inputs,
+        _ridge_probe_accuracy,
+        _ridge_head,
         make_generator,
         effective_seed,
         masked_lm,

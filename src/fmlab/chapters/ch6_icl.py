@@ -49,12 +49,11 @@ from ..theory.bayes_icl import (
     prefix_log_likelihoods,
     smooth_transitions,
 )
-from ..train import cached, progress
+from ..train import cached, lr_factor, progress
 
 __all__ = [
     "GINCPretrainConfig",
     "build_model",
-    "lr_schedule",
     "pretrain_ginc_lm",
     "load_ginc_lm",
     "next_token_logits",
@@ -99,8 +98,9 @@ class GINCPretrainConfig:
     the weight matrices) on ``batch_size`` random windows of ``window + 1`` tokens of
     the corpus (the model reads ``window`` tokens and predicts each next one); the
     learning rate rises linearly to ``lr`` over ``warmup`` steps and then follows a
-    cosine down to ``lr / 10`` (:func:`lr_schedule`); the gradient norm is clipped at 1.
-    ``schedule = "linear"`` decays linearly to 0 after the warm-up instead (the
+    cosine down to ``lr / 10`` at the last step (:func:`fmlab.train.lr_factor`, shape
+    ``"warmup-then-cosine"``); the gradient norm is clipped at 1. ``schedule =
+    "linear"`` decays linearly to 0 after the warm-up instead (shape ``"linear"``, the
     schedule of Xie et al. 2022).
 
     Corpus: ``corpus = "stream"`` reads windows anywhere in the world's flat corpus
@@ -190,24 +190,6 @@ def build_model(cfg: GINCPretrainConfig) -> nn.Module:
     )
 
 
-def lr_schedule(
-    step: int, *, steps: int, warmup: int, floor: float = 0.1, linear: bool = False
-) -> float:
-    """The learning-rate multiplier at ``step`` (0-based): linear warm-up over
-    ``warmup`` steps to 1, then a cosine from 1 down to ``floor`` at the last step
-    (or, with ``linear=True``, a straight line from 1 down to 0 at ``steps``)."""
-    steps = check_int("steps", steps, minimum=1)
-    warmup = check_int("warmup", warmup, minimum=0, maximum=steps)
-    step = check_int("step", step, minimum=0, maximum=steps - 1)
-    floor = check_float("floor", floor, minimum=0.0, maximum=1.0)
-    if step < warmup:
-        return (step + 1) / warmup
-    if linear:
-        return max(0.0, (steps - step) / max(1, steps - warmup))
-    progress_ = (step - warmup) / max(1, steps - 1 - warmup)
-    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress_))
-
-
 def _windows(corpus: torch.Tensor, starts: torch.Tensor, length: int) -> torch.Tensor:
     return corpus[starts.unsqueeze(1) + torch.arange(length)]
 
@@ -257,13 +239,17 @@ def _train(cfg: GINCPretrainConfig) -> dict:
         lr=cfg.lr,
         betas=(0.9, 0.95),
     )
-    sched = torch.optim.lr_scheduler.LambdaLR(
+    shape, floor = (
+        ("linear", 0.0) if cfg.schedule == "linear" else ("warmup-then-cosine", 0.1)
+    )
+    sched = torch.optim.lr_scheduler.LambdaLR(  # after the last step: the last factor
         opt,
-        lambda s: lr_schedule(
+        lambda s: lr_factor(
             min(s, cfg.steps - 1),
             steps=cfg.steps,
             warmup=cfg.warmup,
-            linear=cfg.schedule == "linear",
+            shape=shape,
+            floor=floor,
         ),
     )
     g = make_generator(cfg.seed + 10_000)
