@@ -13,7 +13,7 @@ posterior of the block (the expected accuracy, without the test labels' noise).
 
 Training every size with six replicates takes longer than a page may, so
 ``scripts/ch5_size_sweep.py`` runs it into ``results/ch5_size_sweep.json`` with the
-fingerprint of the code below (:mod:`fmlab.chapters.ch5_stored`); the page reads it with
+fingerprint of the code below (:mod:`fmlab.stored`); the page reads it with
 :func:`size_sweep_results`.
 """
 
