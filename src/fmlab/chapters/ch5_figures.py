@@ -1049,3 +1049,41 @@ def prose_size(sres: dict, compared) -> dict[str, str]:
         e = SeedEffect.of(100 * (hi["accuracy"][:, j] - lo["accuracy"][:, j]))
         texts[f"ch5_sz_gain_{n}"] = f"{e.mean:+.2f} ± {e.se:.2f}"
     return texts
+
+
+def room_table(ceilings: dict, rooms: dict):
+    """The exact ceilings of page 05c (:func:`fmlab.chapters.ch5_room.probe_ceilings`):
+    one row per world and probe size, the Bayes accuracy beside the probe on the exact
+    posterior, on the look-up table and on the raw tokens."""
+    rows = []
+    for name, out in ceilings.items():
+        for j, n in enumerate(rooms[name].probe_sizes):
+            rows.append(
+                {
+                    "world": name,
+                    "probe examples": f"{n:,}",
+                    "Bayes": f"{out['bayes']:.3f}",
+                    "exact posterior": f"{out['posterior'][j]:.3f}",
+                    "look-up table": f"{out['lookup'][j]:.3f}",
+                    "raw tokens": f"{out['tokens'][j]:.3f}",
+                }
+            )
+    return table(
+        rows, caption="Expected accuracy of the ridge probe (no model trained)"
+    )
+
+
+def prose_room(ceilings: dict, rooms: dict) -> dict[str, str]:
+    """The numbers page 05c quotes from the ceilings, for each world ``i`` (in order):
+    its Bayes accuracy, the posterior probe and the look-up table at the largest probe
+    size, and the room between them (points)."""
+    texts = {}
+    for i, (name, out) in enumerate(ceilings.items()):
+        j = len(rooms[name].probe_sizes) - 1
+        texts[f"ch5_rm_bayes_{i}"] = f"{out['bayes']:.3f}"
+        texts[f"ch5_rm_post_{i}"] = f"{out['posterior'][j]:.3f}"
+        texts[f"ch5_rm_lut_{i}"] = f"{out['lookup'][j]:.3f}"
+        room = 100 * (out["posterior"][j] - out["lookup"][j])
+        texts[f"ch5_rm_room_{i}"] = f"{room:.0f}"
+        texts[f"ch5_rm_n_{i}"] = f"{rooms[name].probe_sizes[j]:,}"
+    return texts
