@@ -62,3 +62,17 @@ def test_state_task_and_arguments():
         RoomConfig(language=TINY, position=4)
     with pytest.raises(TypeError):
         probe_ceilings("not a config")
+
+
+def test_the_page_table_and_prose_read_the_ceilings():
+    from fmlab.chapters import ch5_figures as fig5
+
+    rooms = {"tiny": RoomConfig(language=TINY, probe_sizes=(50, 100), n_test=100)}
+    ceilings = {"tiny": probe_ceilings(rooms["tiny"])}
+    fig5.ceilings_table(ceilings, rooms)
+    texts = fig5.prose_ceilings(ceilings, rooms)
+    out = ceilings["tiny"]
+    assert texts["ch5_rm_bayes_0"] == f"{out['bayes']:.3f}"
+    assert texts["ch5_rm_n_0"] == "100"
+    room = 100 * (out["posterior"][1] - out["lookup"][1])
+    assert texts["ch5_rm_room_0"] == f"{room:.0f}"

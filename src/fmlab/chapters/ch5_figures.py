@@ -1051,7 +1051,7 @@ def prose_size(sres: dict, compared) -> dict[str, str]:
     return texts
 
 
-def room_table(ceilings: dict, rooms: dict):
+def ceilings_table(ceilings: dict, rooms: dict):
     """The exact ceilings of page 05c (:func:`fmlab.chapters.ch5_room.probe_ceilings`):
     one row per world and probe size, the Bayes accuracy beside the probe on the exact
     posterior, on the look-up table and on the raw tokens."""
@@ -1073,7 +1073,7 @@ def room_table(ceilings: dict, rooms: dict):
     )
 
 
-def prose_room(ceilings: dict, rooms: dict) -> dict[str, str]:
+def prose_ceilings(ceilings: dict, rooms: dict) -> dict[str, str]:
     """The numbers page 05c quotes from the ceilings, for each world ``i`` (in order):
     its Bayes accuracy, the posterior probe and the look-up table at the largest probe
     size, and the room between them (points)."""
