@@ -67,7 +67,7 @@ def test_state_task_and_arguments():
 def test_the_page_table_and_prose_read_the_ceilings():
     from fmlab.chapters import ch5_figures as fig5
 
-    rooms = {"tiny": RoomConfig(language=TINY, probe_sizes=(50, 100), n_test=100)}
+    rooms = {"tiny": RoomConfig(TINY, position=2, probe_sizes=(50, 100), n_test=100)}
     ceilings = {"tiny": probe_ceilings(rooms["tiny"])}
     fig5.ceilings_table(ceilings, rooms)
     texts = fig5.prose_ceilings(ceilings, rooms)
