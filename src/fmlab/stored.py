@@ -54,6 +54,7 @@ __all__ = [
     "environment",
     "fingerprint",
     "load",
+    "origin",
     "other_rounding",
     "read",
     "restamp",
@@ -245,6 +246,20 @@ def write(
 def read(path) -> dict:
     """The whole file at ``path``, without any check."""
     return json.loads(Path(path).read_text())
+
+
+def origin(record: dict) -> dict:
+    """Where and when the run behind a ``"stored"`` record was made: the first record
+    of its history (a restamp keeps the record it replaces under ``"earlier"``), as
+    ``{"written", "torch", "machine"}``."""
+    while "earlier" in record:
+        record = record["earlier"]
+    env = record.get("environment", record)
+    return {
+        "written": record.get("written", ""),
+        "torch": env.get("torch", ""),
+        "machine": env.get("machine", ""),
+    }
 
 
 def changed_sources(path, sources) -> list[str]:

@@ -11,6 +11,7 @@ import matplotlib.pyplot as plt
 import torch
 from matplotlib.lines import Line2D
 
+from .. import stored
 from ..claims import SeedEffect
 from ..theory.sgd_manifold import flow_trace
 from ..viz import PALETTE, slider_figure, table
@@ -536,10 +537,11 @@ def _stored_run_text(record: dict | None) -> str:
     """How the same-loss page's run was obtained, for its prose."""
     if record is None:
         return "this run, at another configuration or seed offset, was computed here"
+    first = stored.origin(record)
     return (
         f"it took {record['wall_seconds'] / 60:.1f} minutes of one CPU core "
-        f"({record['machine']}, torch {record['torch']}, written "
-        f"{record['written'][:10]})"
+        f"({first['machine']}, torch {first['torch']}, run on "
+        f"{first['written'][:10]})"
     )
 
 
