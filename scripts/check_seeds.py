@@ -16,9 +16,9 @@ before resolving any change to a claim.
 ``--store book/robustness.json`` also merges every keyed claim's verdict, value and
 strength at each offset into that file (with the commit and date of the run), which the
 book's reproduction notes read: a later run replaces the same key at the same offset and
-keeps the rest. A key whose registry entry names a ``stored`` script reads its value from
-a results file, the same at every offset, so it is recorded once, under ``"stored"``
-(with that script), not once per offset.
+keeps the rest. A key whose registry entry names a ``stored`` script reads its value
+from a results file, the same at every offset, so it is recorded once, under
+``"stored"`` (with that script), not once per offset.
 
 Claims are matched across offsets by their key, or by their statement where they have
 none; a statement must therefore not contain run-dependent numbers.
