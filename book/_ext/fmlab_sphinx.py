@@ -164,6 +164,10 @@ def _ledger(app, fromdocname):
         status += nodes.strong(text=row["status"])
         if why:
             status += nodes.Text(": " + why)
+        if ph.get("retired"):  # a key moved to the paper's level: its old numbers
+            status += nodes.raw("", "<br/>", format="html")
+            status += nodes.emphasis(text="Retired: ")
+            status += nodes.Text(ph["retired"])
         rows.append(
             [
                 f"Ch. {ph['chapter']}. {ph['title']}",
@@ -281,6 +285,8 @@ def _repro_notes(app, node, fromdocname):
         why = ph.get("caveat")
         if why:
             item += nodes.Text(": " + why)
+        if ph.get("retired"):
+            item += nodes.Text(" Retired: " + ph["retired"])
         out.append(item)
         bullets = nodes.bullet_list()
         for k in row["keys"]:
