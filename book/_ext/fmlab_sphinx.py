@@ -150,6 +150,10 @@ def _ledger(app, fromdocname):
                 book += nodes.Text(text)
         if not row["keys"]:
             book += nodes.Text("no experiment in this build")
+        if ph.get("retired"):  # a key moved to the paper's level: its old numbers
+            book += nodes.raw("", "<br/>", format="html")
+            book += nodes.emphasis(text="retired: ")
+            book += nodes.Text(ph["retired"])
         why = ph.get("caveat", "")
         if row["status"] == "not reproduced" and not why:
             found = [by_key[k][1] for k in row["keys"] if k in by_key]
@@ -164,10 +168,6 @@ def _ledger(app, fromdocname):
         status += nodes.strong(text=row["status"])
         if why:
             status += nodes.Text(": " + why)
-        if ph.get("retired"):  # a key moved to the paper's level: its old numbers
-            status += nodes.raw("", "<br/>", format="html")
-            status += nodes.emphasis(text="Retired: ")
-            status += nodes.Text(ph["retired"])
         rows.append(
             [
                 f"Ch. {ph['chapter']}. {ph['title']}",
