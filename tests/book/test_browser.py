@@ -95,7 +95,11 @@ def browser():
         "--hide-scrollbars",
         capabilities={"goog:loggingPrefs": {"browser": "ALL", "performance": "ALL"}},
     )
-    driver.set_page_load_timeout(60)
+    # how long the driver waits for the renderer to answer a command: generous, since
+    # the other test worker may be executing a chapter on the second core meanwhile
+    # (what the tests measure, such as a first paint, comes from the browser's own
+    # clock and is unaffected)
+    driver.set_page_load_timeout(180)
     driver.set_script_timeout(60)
     SHOTS.mkdir(parents=True, exist_ok=True)
     yield driver
