@@ -40,8 +40,11 @@ test: book
 	$(BIN)/ruff format --check src tests scripts notebooks book/_ext
 	$(BIN)/ruff check src tests scripts notebooks book/_ext
 	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile \
-		_build/executed tests \
+		_build/executed tests --ignore tests/book/test_browser.py \
 		--nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg
+# The browser test alone, after the rest: on a slow line with a chapter executing on the
+# other core, Chromium's renderer once took over two minutes to answer a navigation
+	$(BIN)/python -m pytest tests/book/test_browser.py
 
 # One chapter alone, into the same execution cache: make chapter CH=04
 chapter: $(STAMP)
