@@ -120,9 +120,12 @@ def test_the_wide_grid_keeps_the_checkpoints_before_a_divergence(
     real_select = ch4w._select
     monkeypatch.setattr(ch4f, "_select", lambda c: seen.extend(c) or real_select(c))
     best, diverged = ch4f._wide_grid(
-        prompt, data, "x_prompt", every_lazy_diverged, j_train, cfg, 0
+        prompt, data, "x_prompt", every_lazy_diverged, j_train, cfg, 0, {}
     )
     assert diverged == 1
+    # the chosen run's kernel behaviour (the run the paper's Table 7 measures)
+    assert best["stats"]["kernel_change"] >= 0
+    assert torch.equal(best["test"], best["stats"]["f_ft"])
     steps = sorted((c["scale"], c["steps"]) for c in seen)
     assert steps == [(1.0, 1), (1.0, 3), (2.0, 1)]  # the diverged run's step 1 kept
     assert best["test"].shape == data["test"].y.shape
@@ -391,3 +394,42 @@ def test_the_batch1_signgd_analog_follows_a_small_signgd_run(prompt, data):
     assert (f_ft - f_k).norm() / moved < 0.05
     other = ch4b.signgd_same_steps_outputs(j, f0, y, lr, steps, 4)  # another order
     assert (f_ft - f_k).norm() < (f_ft - other).norm()
+
+
+def test_sentence_units_count_the_words_of_the_decoded_sentences(lang):
+    """Oracle: the decoded text, word by word (a unit is a word, with or without
+    *not* before it; the statement and the special tokens are no units)."""
+    x = lang.sample_pretraining(50, torch.Generator().manual_seed(1))
+    other = {"[PAD]", "[MASK]", "[CLS]", ".", "it", "was", "great", "terrible", "not"}
+    counts = [sum(w not in other for w in text.split()) for text in lang.decode(x)]
+    assert ch4w.sentence_units(lang, x).tolist() == counts
+    c = lang.config
+    length = ch4w.MLMPretrainConfig(cls_task="length", cls_weight=1.0)
+    labels = ch4w.cls_labels(lang, x, length, None)
+    assert labels.tolist() == [float(2 * n > c.min_units + c.max_units) for n in counts]
+
+
+def test_a_full_topic_tilt_draws_every_neutral_word_from_the_topic_half(lang):
+    x = lang.sample_pretraining(40, torch.Generator().manual_seed(2))
+    tilted, topic = ch4w.tilt_topic(lang, x, 1.0, torch.Generator().manual_seed(3))
+    neutral = lang.neutral_ids
+    half = len(neutral) // 2
+    is_neutral = torch.isin(x, neutral)
+    assert torch.equal(tilted[~is_neutral], x[~is_neutral])  # only neutral words move
+    for row, t in zip(range(len(x)), topic.tolist()):
+        words = tilted[row][is_neutral[row]]
+        allowed = neutral[:half] if t > 0 else neutral[half:]
+        assert bool(torch.isin(words, allowed).all())
+    same, _ = ch4w.tilt_topic(lang, x, 0.0, torch.Generator().manual_seed(3))
+    assert torch.equal(same, x)
+
+
+def test_the_cls_task_needs_its_weight_and_its_topics():
+    with pytest.raises(ValueError, match="go together"):
+        ch4w.MLMPretrainConfig(cls_task="length")
+    with pytest.raises(ValueError, match="go together"):
+        ch4w.MLMPretrainConfig(cls_weight=1.0)
+    with pytest.raises(ValueError, match="topic_tilt"):
+        ch4w.MLMPretrainConfig(cls_task="topic", cls_weight=1.0)
+    with pytest.raises(ValueError, match="cls_task"):
+        ch4w.MLMPretrainConfig(cls_task="nsp", cls_weight=1.0)

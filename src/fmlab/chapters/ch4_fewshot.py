@@ -297,11 +297,15 @@ def _fine_tune_grid(model0, data, x_key, configs, seed, *, dynamics=None):
     return cands
 
 
-def _wide_grid(model0, data, x_key, lazy, j_train, config, seed) -> tuple[dict, int]:
+def _wide_grid(
+    model0, data, x_key, lazy, j_train, config, seed, dynamics
+) -> tuple[dict, int]:
     """The validated choice among the grid's SGD runs ``lazy`` (candidates of
     :func:`_fine_tune_grid`) and runs at each of ``config.wide_scales`` (learning rate
     :math:`c/\\bar K`, ``j_train`` the training Jacobian), read at each of
-    ``config.wide_checkpoints``; also the number of those runs that diverged."""
+    ``config.wide_checkpoints``, with its kernel behaviour (``"stats"``, from
+    ``dynamics`` at theta_0: the run that validation selects is the one the paper's
+    Table 7 measures); also the number of those runs that diverged."""
     j_scale = _mean_diag(j_train)
     cands = [
         {**c, "scale": c["value"], "steps": config.steps}
@@ -336,10 +340,18 @@ def _wide_grid(model0, data, x_key, lazy, j_train, config, seed) -> tuple[dict, 
         except FineTuneDiverged:  # its finite checkpoints stay candidates
             diverged += 1
     best = _select(cands)
-    if "test" not in best:
+    if "stats" not in best:
         model = copy.deepcopy(model0)
         model.load_state_dict(best["state"])
-        best["test"] = outputs(model.eval(), x_test)
+        best["stats"] = kernel_behaviour(
+            model0,
+            model.eval(),
+            getattr(data["train"], x_key),
+            x_test,
+            data["test"].y,
+            **dynamics,
+        )
+        best["test"] = best["stats"]["f_ft"]
     return best, diverged
 
 
@@ -390,10 +402,11 @@ def _one_run(mlm, lang, k, seed, config, test, prompt_test, z_test, bow_test):
             "f_lin": torch.stack([c["stats"]["f_lin"] for c in cands]),
         }
 
-    def record_wide(setting, model0, x_key, lazy, j_train):
+    def record_wide(setting, model0, x_key, lazy, j_train, dynamics):
         if not config.wide_scales:
             return
-        best, n = _wide_grid(model0, data, x_key, lazy, j_train, config, seed)
+        best, n = _wide_grid(model0, data, x_key, lazy, j_train, config, seed, dynamics)
+        dyn[(setting, "SGD, wide grid")] = {m: best["stats"][m] for m in _DYNAMICS}
         diverged[(setting, "SGD-FT, wide grid")] = n
         acc[(setting, "SGD-FT, wide grid")] = sign_accuracy(best["test"], test.y)
         chosen[(setting, "SGD-FT, wide grid")] = best["scale"]
@@ -424,7 +437,7 @@ def _one_run(mlm, lang, k, seed, config, test, prompt_test, z_test, bow_test):
         prompt0, data, "x_prompt", sgd_configs(j["train"]), seed, dynamics=dynamics
     )
     record_sgd("prompt", cands)
-    record_wide("prompt", prompt0, "x_prompt", cands, j["train"])
+    record_wide("prompt", prompt0, "x_prompt", cands, j["train"], dynamics)
     fixed = config.analog_lr_scale
     if fixed is not None:  # the run at c and its own kernel analogs, no validation
         acc[("prompt", "SGD-FT, fixed c")] = analog(cands, fixed)
@@ -514,7 +527,7 @@ def _one_run(mlm, lang, k, seed, config, test, prompt_test, z_test, bow_test):
         std0, data, "x_plain", sgd_configs(j["train"]), seed, dynamics=dynamics
     )
     record_sgd("standard", cands)
-    record_wide("standard", std0, "x_plain", cands, j["train"])
+    record_wide("standard", std0, "x_plain", cands, j["train"], dynamics)
     if fixed is not None:
         acc[("standard", "SGD-FT, fixed c")] = analog(cands, fixed)
         acc[("standard", "K-SGD, same steps")] = sign_accuracy(

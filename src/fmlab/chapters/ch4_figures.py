@@ -31,6 +31,8 @@ __all__ = [
     "width_table",
     "timing_table",
     "malladi_table",
+    "two_worlds",
+    "two_worlds_table",
 ]
 
 #: Colours of the methods, the same in every figure of the chapter.
@@ -619,3 +621,89 @@ def malladi_table(runs, zero_shot: float, n_params: int, d_model: int):
             for a, b, c in rows
         ]
     )
+
+
+#: The worlds of the stored second-world run (:mod:`..ch4_second_world`), as the
+#: figure and the table name them, in order.
+WORLDS = {
+    "book": "no job for [CLS] (this page's world)",
+    "main": "[CLS] learns sentence length, w = 1",
+    "screen": "a topic in the text, w = 0",
+    "offset": "[CLS] learns sentence length, w = 1 (offset 903)",
+}
+
+
+def _per_pretraining(part) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and standard error over runs of each pretraining's contrast."""
+    c = [np.asarray(p["contrast"], dtype=float) for p in part["pretrainings"]]
+    return (
+        np.array([v.mean() for v in c]),
+        np.array([v.std(ddof=1) / np.sqrt(len(v)) for v in c]),
+    )
+
+
+def two_worlds(worlds: dict, page: np.ndarray, paper=(1.2, 13.6), paper_mean=7.9):
+    """The contrast (FT − eNTK) standard − (FT − eNTK) prompt per pretraining, one
+    column per world of the stored run (``worlds``: :func:`second_world_results`),
+    and this page's runs at k = 16 (``page``, per run), beside the paper's range of
+    per-task contrasts at 64 shots (shaded) and its mean (dashed)."""
+    names = [n for n in WORLDS if n in worlds]
+    fig, ax = plt.subplots(figsize=(6.5, 3.4))
+    ax.axhspan(*paper, color=PALETTE["sky"], alpha=0.25, lw=0)
+    ax.axhline(paper_mean, color=PALETTE["blue"], ls="--", lw=1)
+    ax.axhline(0, color="#999999", lw=0.8)
+    colors = [PALETTE["black"], PALETTE["red"], PALETTE["purple"], PALETTE["orange"]]
+    labels = []
+    for i, name in enumerate(names):
+        mean, se = _per_pretraining(worlds[name])
+        x = i + np.linspace(-0.25, 0.25, len(mean))
+        ax.errorbar(x, mean, se, fmt="o", color=colors[i % 4], ms=5, capsize=2)
+        labels.append(WORLDS[name].replace(", ", ",\n"))
+    i = len(names)
+    page = np.asarray(page, dtype=float)
+    ax.errorbar(
+        [i],
+        [page.mean()],
+        [page.std(ddof=1) / np.sqrt(len(page))],
+        fmt="s",
+        color=PALETTE["green"],
+        ms=5,
+        capsize=2,
+    )
+    labels.append("this page's runs\n(one pretraining, k = 16)")
+    ax.set_xticks(range(len(labels)), labels, fontsize=7)
+    ax.set(
+        ylabel="contrast (points)",
+        title="(FT − eNTK) without the prompt minus with it, per pretraining (k = 64)",
+    )
+    ax.title.set_fontsize(9)
+    fig.tight_layout()
+    return fig
+
+
+def two_worlds_table(worlds: dict):
+    """Per pretraining of each world of the stored run: mean over runs of the
+    contrast and of what is reported beside it (points, the kernel-change ratio
+    dimensionless)."""
+    rows = []
+    for name in (n for n in WORLDS if n in worlds):
+        for p in worlds[name]["pretrainings"]:
+            m = {k: float(np.mean(p[k])) for k in p if isinstance(p[k], list)}
+            rows.append(
+                {
+                    "world": WORLDS[name],
+                    "pretraining": str(p["seed"]),
+                    "runs": str(len(p["contrast"])),
+                    "contrast": f"{m['contrast']:+.1f}",
+                    "zero-shot (%)": f"{m['zero_shot']:.1f}",
+                    "standard FT − LP": f"{m['std_ft_minus_lp']:+.1f}",
+                    "prompt |FT − eNTK|": f"{m['prompt_abs_ft_minus_entk']:.1f}",
+                    "KC ratio": f"{np.median(p['kc_ratio']):.2f}",
+                }
+            )
+    caption = (
+        "Per pretraining, means over its k = 64 runs (each side chosen on validation "
+        "data over the wide search); KC ratio: median over runs of the kernel change "
+        "of the validated standard run over the validated prompt run"
+    )
+    return table(rows, caption=caption)

@@ -29,6 +29,9 @@ from ..train import cached, progress
 __all__ = [
     "MLMPretrainConfig",
     "mask_tokens",
+    "tilt_topic",
+    "sentence_units",
+    "cls_labels",
     "pretrain_masked_lm",
     "pretrain_masked_lms_stacked",
     "FewShotTask",
@@ -63,6 +66,16 @@ class MLMPretrainConfig:
     statement_mask_rate: float = 0.9
     relative_bias: bool = True
     seed: int = 0
+    # a job for [CLS] in pretraining (the second world of Chapter 4): a logistic head on
+    # h_[CLS] predicts a property of the document, with weight cls_weight beside the
+    # masked-LM loss, and is dropped after pretraining; "length": the sentence has more
+    # than (min_units + max_units) / 2 units, "topic": the document's topic
+    cls_task: str = "none"
+    cls_weight: float = 0.0
+    # a topic in the pretraining text: each document draws a topic t = ±1 (probability
+    # 1/2, independent of its sentiment), and each neutral word is, with probability
+    # topic_tilt, redrawn from the topic's half of the neutral words
+    topic_tilt: float = 0.0
 
     def __post_init__(self):
         if not isinstance(self.language, SentimentLanguageConfig):
@@ -85,6 +98,52 @@ class MLMPretrainConfig:
         if not isinstance(self.relative_bias, bool):
             raise TypeError("relative_bias must be a bool")
         check_int("seed", self.seed, minimum=0)
+        check_choice("cls_task", self.cls_task, ("none", "length", "topic"))
+        check_float("cls_weight", self.cls_weight, minimum=0.0)
+        check_float("topic_tilt", self.topic_tilt, minimum=0.0, maximum=1.0)
+        if (self.cls_task == "none") != (self.cls_weight == 0.0):
+            raise ValueError(
+                "cls_task and cls_weight go together: a task needs a positive weight, "
+                f"got {self.cls_task!r} with weight {self.cls_weight}"
+            )
+        if self.cls_task == "topic" and self.topic_tilt == 0.0:
+            raise ValueError("the topic task needs topics in the text (topic_tilt > 0)")
+
+
+def tilt_topic(
+    lang: SentimentLanguage, x: torch.Tensor, tilt: float, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Give each document of ``x`` a topic ``t = ±1`` (probability 1/2) and redraw each
+    of its neutral words, with probability ``tilt``, uniformly from the first half of
+    the neutral words (``t = +1``) or the second half (``t = -1``). Returns the new
+    documents and the topics ``(n,)`` in {+1, -1}."""
+    n = x.shape[0]
+    topic = torch.where(torch.rand(n, generator=generator) < 0.5, 1, -1)
+    neutral = lang.neutral_ids
+    half = len(neutral) // 2
+    pick = torch.randint(half, x.shape, generator=generator)
+    pick = pick + torch.where(topic > 0, 0, half)[:, None]
+    redraw = torch.rand(x.shape, generator=generator) < tilt
+    redraw &= torch.isin(x, neutral)
+    return torch.where(redraw, neutral[pick], x), topic
+
+
+def sentence_units(lang: SentimentLanguage, x: torch.Tensor) -> torch.Tensor:
+    """Units per document of ``x``: its opinion and neutral words (a unit is a word,
+    with or without *not* before it), ``(n,)``."""
+    words = torch.cat([lang.positive_ids, lang.negative_ids, lang.neutral_ids])
+    return torch.isin(x, words).sum(1)
+
+
+def cls_labels(
+    lang: SentimentLanguage, x: torch.Tensor, config: "MLMPretrainConfig", topic
+) -> torch.Tensor:
+    """The target in {0, 1} of the ``[CLS]`` task of ``config`` for the documents
+    ``x`` (``topic``: their topics, for the topic task)."""
+    if config.cls_task == "length":
+        c = lang.config
+        return (2 * sentence_units(lang, x) > c.min_units + c.max_units).float()
+    return (topic > 0).float()
 
 
 def mask_tokens(
@@ -140,9 +199,11 @@ def pretrain_masked_lm(
         model = TinyTransformer(_model_config(lang, config), seed=config.seed)
         g = make_generator(config.seed + 1)
         # fused: one kernel for all parameters (about 10% of a step at this size)
-        opt = torch.optim.AdamW(
-            model.parameters(), lr=config.lr, weight_decay=0.01, fused=True
-        )
+        params, head = list(model.parameters()), None
+        if config.cls_weight > 0:  # the [CLS] task's head, dropped after pretraining
+            head = nn.Linear(config.d_model, 1)
+            params += list(head.parameters())
+        opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.01, fused=True)
         sched = torch.optim.lr_scheduler.OneCycleLR(
             opt, max_lr=config.lr, total_steps=config.steps, pct_start=0.1
         )
@@ -152,8 +213,18 @@ def pretrain_masked_lm(
             range(config.steps), total=config.steps, desc="pretraining"
         ):
             x = lang.sample_pretraining(config.batch_size, g)
+            topic = None
+            if config.topic_tilt > 0:
+                x, topic = tilt_topic(lang, x, config.topic_tilt, g)
             inp, masked = mask_tokens(lang, x, config, g)
-            loss = F.cross_entropy(model(inp)[masked], x[masked])
+            if head is None:
+                loss = F.cross_entropy(model(inp)[masked], x[masked])
+            else:
+                h = model.hidden(inp)
+                loss = F.cross_entropy(model.decoder(h)[masked], x[masked])
+                loss = loss + config.cls_weight * F.binary_cross_entropy_with_logits(
+                    head(h[:, 0]).squeeze(1), cls_labels(lang, x, config, topic)
+                )
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -200,6 +271,8 @@ def pretrain_masked_lms_stacked(
     configs = tuple(configs)
     if not configs or not all(isinstance(c, MLMPretrainConfig) for c in configs):
         raise TypeError("configs must be a non-empty tuple of MLMPretrainConfig")
+    if any(c.cls_weight > 0 or c.topic_tilt > 0 for c in configs):
+        raise ValueError("stacked pretraining has no [CLS] task and no topics")
     first = dataclasses.replace(configs[0], seed=0)
     if any(dataclasses.replace(c, seed=0) != first for c in configs):
         raise ValueError("the configs must differ only in their seed")
