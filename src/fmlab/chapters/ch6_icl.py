@@ -23,7 +23,7 @@ import hashlib
 import math
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -55,6 +55,7 @@ __all__ = [
     "GINCPretrainConfig",
     "build_model",
     "pretrain_ginc_lm",
+    "pretrain_ginc_lms",
     "load_ginc_lm",
     "next_token_logits",
     "bayes_pretraining_loss",
@@ -289,6 +290,184 @@ def _train(cfg: GINCPretrainConfig) -> dict:
     }
 
 
+def _stacked_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``K`` linear maps at once: ``x`` ``(K, ..., in)``, ``w`` ``(K, out, in)``, ``b``
+    ``(K, out)`` to ``(K, ..., out)`` (one batched matmul)."""
+    K, shape = x.shape[0], x.shape[1:-1]
+    y = torch.baddbmm(b.unsqueeze(1), x.reshape(K, -1, x.shape[-1]), w.transpose(1, 2))
+    return y.view(K, *shape, w.shape[1])
+
+
+def _stacked_layer_norm(x, w, b):
+    """Layer norm of ``x`` ``(K, B, T, d)`` with each model's own weight and bias."""
+    return torch.addcmul(
+        b[:, None, None], F.layer_norm(x, x.shape[-1:]), w[:, None, None]
+    )
+
+
+def _stacked_logits(p: dict, tokens: torch.Tensor, n_layers: int, n_heads: int):
+    """The logits ``(K, B, T, V)`` of ``K`` causal transformers
+    (:class:`fmlab.models.gpt.CausalLM`, no dropout) whose parameters ``p`` are
+    stacked along a leading axis, each reading its own batch ``tokens[k]``: the
+    same arithmetic as ``K`` separate models, with one batched matmul per layer."""
+    K, B, T = tokens.shape
+    V, d = p["tok.weight"].shape[1:]
+    flat = tokens + V * torch.arange(K, device=tokens.device).view(K, 1, 1)
+    h = F.embedding(flat, p["tok.weight"].reshape(K * V, d))
+    h = h + p["pos.weight"][:, None, :T]
+    for i in range(n_layers):
+        q = f"blocks.{i}."
+        a = _stacked_layer_norm(h, p[q + "ln1.weight"], p[q + "ln1.bias"])
+        qkv = _stacked_linear(a, p[q + "attn.qkv.weight"], p[q + "attn.qkv.bias"])
+        qkv = qkv.view(K * B, T, 3, n_heads, d // n_heads)
+        qq, kk, vv = (t.transpose(1, 2) for t in qkv.unbind(2))
+        att = F.scaled_dot_product_attention(qq, kk, vv, is_causal=True)
+        att = att.transpose(1, 2).reshape(K, B, T, d)
+        h = h + _stacked_linear(att, p[q + "attn.proj.weight"], p[q + "attn.proj.bias"])
+        m = _stacked_layer_norm(h, p[q + "ln2.weight"], p[q + "ln2.bias"])
+        m = F.gelu(_stacked_linear(m, p[q + "fc.weight"], p[q + "fc.bias"]))
+        h = h + _stacked_linear(m, p[q + "out.weight"], p[q + "out.bias"])
+    h = _stacked_layer_norm(h, p["ln_f.weight"], p["ln_f.bias"])
+    return _stacked_linear(h, p["decoder.weight"], p["decoder.bias"])
+
+
+def _stackable(cfgs) -> bool:
+    first = replace(cfgs[0], seed=0)
+    return all(
+        c.arch == "transformer" and c.dropout == 0 and replace(c, seed=0) == first
+        for c in cfgs
+    )
+
+
+def _validation_loss(model: nn.Module, world: GINC, cfg: GINCPretrainConfig) -> float:
+    """Mean next-token loss on 256 fresh documents of ``window + 1`` tokens from the
+    seen concepts, scored from their first token."""
+    docs = world.sample_documents(
+        256, cfg.window + 1, make_generator(cfg.seed + 20_000)
+    )
+    model.eval()
+    with torch.no_grad():
+        logits = model(docs.tokens[:, :-1])
+    V = cfg.world.vocab_size
+    return F.cross_entropy(logits.reshape(-1, V), docs.tokens[:, 1:].reshape(-1)).item()
+
+
+def _train_stacked(cfgs, device="cpu") -> list:
+    """Train transformers that differ only in their seed (no dropout) at once, as
+    stacked weights: one forward pass of all of them (:func:`_stacked_logits`), the
+    sum of their own losses on their own batches (each run keeps the data stream of
+    :func:`_train`), each run's gradient clipped at norm 1 on its own, and one AdamW
+    step (element by element, so each run sees its own update). The same runs as
+    :func:`_train` up to rounding. ``device`` is where the models train; the corpus
+    and every batch are drawn on the CPU, so a seed gives the same data anywhere.
+    Returns one dict per config, as :func:`_train`; ``cpu_seconds`` is the loop's CPU
+    time divided by the number of runs."""
+    cfg = cfgs[0]
+    seed_everything(cfg.seed)
+    world = GINC(cfg.world)
+    corpus = _corpus(cfg, world)
+    if corpus.shape[-1] <= cfg.window + 1:
+        raise ValueError(
+            f"the corpus ({corpus.shape[-1]} tokens) is shorter than window + 1 = "
+            f"{cfg.window + 1}"
+        )
+    models = [build_model(c) for c in cfgs]
+    params = {
+        name: torch.stack([dict(m.named_parameters())[name].detach() for m in models])
+        .to(device)
+        .requires_grad_(True)
+        for name, _ in models[0].named_parameters()
+    }
+    matrices = [p for p in params.values() if p.ndim >= 3]
+    others = [p for p in params.values() if p.ndim < 3]
+    opt = torch.optim.AdamW(
+        [
+            {"params": matrices, "weight_decay": cfg.weight_decay},
+            {"params": others, "weight_decay": 0.0},
+        ],
+        lr=cfg.lr,
+        betas=(0.9, 0.95),
+    )
+    shape, floor = (
+        ("linear", 0.0) if cfg.schedule == "linear" else ("warmup-then-cosine", 0.1)
+    )
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt,
+        lambda s: lr_factor(
+            min(s, cfg.steps - 1),
+            steps=cfg.steps,
+            warmup=cfg.warmup,
+            shape=shape,
+            floor=floor,
+        ),
+    )
+    gens = [make_generator(c.seed + 10_000) for c in cfgs]
+    K, V = len(cfgs), cfg.world.vocab_size
+    losses = torch.empty(K, cfg.steps)
+    start = time.process_time()
+    seeds = ", ".join(str(c.seed) for c in cfgs)
+    for step in progress(
+        range(cfg.steps),
+        total=cfg.steps,
+        desc=f"pretraining {K} transformers on GINC (seeds {seeds})",
+    ):
+        x = torch.stack([_draw_windows(corpus, cfg, g) for g in gens]).to(device)
+        logits = _stacked_logits(params, x[..., :-1], cfg.n_layers, cfg.n_heads)
+        loss = F.cross_entropy(
+            logits.reshape(K, -1, V).transpose(1, 2),
+            x[..., 1:].reshape(K, -1),
+            reduction="none",
+        ).mean(1)
+        opt.zero_grad(set_to_none=True)
+        loss.sum().backward()
+        with torch.no_grad():  # each run's gradient clipped at norm 1 on its own
+            sq = sum(p.grad.pow(2).reshape(K, -1).sum(1) for p in params.values())
+            coef = (1.0 / (sq.sqrt() + 1e-6)).clamp(max=1.0)
+            for p in params.values():
+                p.grad.mul_(coef.view(-1, *([1] * (p.ndim - 1))))
+        opt.step()
+        sched.step()
+        losses[:, step] = loss.detach().cpu()
+    cpu_seconds = (time.process_time() - start) / K
+    out = []
+    for k, (c, model) in enumerate(zip(cfgs, models)):
+        model.load_state_dict(
+            {n: v[k].detach().cpu().clone() for n, v in params.items()}
+        )
+        out.append(
+            {
+                "state_dict": {
+                    n: v.detach().clone() for n, v in model.state_dict().items()
+                },
+                "losses": losses[k].clone(),
+                "val_loss": _validation_loss(model, world, c),
+                "cpu_seconds": cpu_seconds,
+            }
+        )
+    return out
+
+
+def pretrain_ginc_lms(cfgs, device="cpu") -> list:
+    """:func:`pretrain_ginc_lm` of several configs that differ only in their seed: the
+    runs not yet in the cache are trained together as stacked weights
+    (:func:`_train_stacked`, transformers without dropout) and cached one by one."""
+    cfgs = tuple(cfgs)
+    if not cfgs or not all(isinstance(c, GINCPretrainConfig) for c in cfgs):
+        raise TypeError("cfgs must be a non-empty sequence of GINCPretrainConfig")
+    if not _stackable(cfgs):
+        return [pretrain_ginc_lm(c) for c in cfgs]
+    trained: dict = {}
+
+    def build(i: int) -> dict:
+        if i not in trained:  # the first miss trains it and every later run at once
+            trained.update(
+                zip(range(i, len(cfgs)), _train_stacked(cfgs[i:], device=device))
+            )
+        return trained[i]
+
+    return [cached(c, lambda i=i: build(i), name="ginc_lm") for i, c in enumerate(cfgs)]
+
+
 def pretrain_ginc_lm(cfg: GINCPretrainConfig) -> dict:
     """Train (or load from the on-disk cache) the model of ``cfg``.
 
@@ -300,6 +479,8 @@ def pretrain_ginc_lm(cfg: GINCPretrainConfig) -> dict:
     """
     if not isinstance(cfg, GINCPretrainConfig):
         raise TypeError(f"cfg must be a GINCPretrainConfig, got {type(cfg).__name__}")
+    if _stackable((cfg,)):  # the transformer's one training loop, alone or stacked
+        return cached(cfg, lambda: _train_stacked((cfg,))[0], name="ginc_lm")
     return cached(cfg, lambda: _train(cfg), name="ginc_lm")
 
 
@@ -386,6 +567,11 @@ def _nested_last_logits(model: nn.Module, full: Prompts, ns) -> dict:
         out[n] = model.forward_with_state(test, state)[0][:, -1]
     return out
 
+
+#: What prompts :func:`in_context_grid` draws: from the pretraining concepts, from the
+#: held-out ones (their HMMs), or random slot patterns labelled by a held-out concept
+#: (:meth:`fmlab.data.ginc.GINC.sample_pattern_prompts`, Xie et al.'s unseen concepts).
+_PROMPT_KINDS = ("seen", "unseen", "pattern")
 
 _BAYES_SEEN: OrderedDict = OrderedDict()  # the last few Bayes predictions computed
 
@@ -516,7 +702,7 @@ def in_context_grid(
         raise ValueError(f"model_ks must be a subset of ks {ks}, got {model_ks}")
     n_prompts = check_int("n_prompts", n_prompts, minimum=1)
     seed = check_int("seed", seed, minimum=0)
-    check_choice("concepts", concepts, ("seen", "unseen"))
+    check_choice("concepts", concepts, _PROMPT_KINDS)
     check_choice("prior_concepts", prior_concepts, ("seen", "all"))
     if models and model_ks:
         longest = max(prompt_length(max(ns), k) for k in model_ks)
@@ -540,13 +726,11 @@ def in_context_grid(
     V = world.config.vocab_size
     prior_idx = world.concept_indices(prior_concepts)
     for j, k in enumerate(ks):
-        full = world.sample_prompts(
-            n_prompts,
-            max(ns),
-            k,
-            make_generator(seed * 1_000_003 + k),
-            concepts=concepts,
-        )
+        g = make_generator(seed * 1_000_003 + k)
+        if concepts == "pattern":  # random slot patterns labelled by unseen concepts
+            full = world.sample_pattern_prompts(n_prompts, max(ns), k, g)
+        else:
+            full = world.sample_prompts(n_prompts, max(ns), k, g, concepts=concepts)
         evaluated = models if k in model_ks else {}
         last_logits = {
             name: _nested_last_logits(model, full, ns)
@@ -615,7 +799,7 @@ def evaluate_in_context(
     seeds = tuple(check_int("seeds", s, minimum=0) for s in seeds)
     if not seeds:
         raise ValueError("seeds must be non-empty")
-    check_choice("concepts", concepts, ("seen", "unseen"))
+    check_choice("concepts", concepts, _PROMPT_KINDS)
     key = _EvaluationKey(
         cfg,
         tuple(int(n) for n in ns),
@@ -698,7 +882,10 @@ def random_concept_accuracy(world: GINC, prompts: Prompts) -> float:
     hits = [
         (
             world.most_likely_next_token(
-                x, torch.full_like(prompts.labels, c), prompts.start_property
+                x,
+                torch.full_like(prompts.labels, c),
+                prompts.start_property,
+                uniform_start=prompts.uniform_start,
             )
             == prompts.labels
         )
@@ -1026,6 +1213,9 @@ class Chapter6Config:
 
 
 _SPLITS = ("seen", "unseen")
+#: The prompts of each split: the unseen concepts are read as Xie et al. build them,
+#: random slot patterns labelled by a held-out concept.
+_SPLIT_PROMPTS = {"seen": "seen", "unseen": "pattern"}
 
 
 @dataclass(frozen=True)
@@ -1034,10 +1224,13 @@ class TransformerICL:
     evaluation (:func:`transformer_in_context`).
 
     ``grids[split][r]`` is the list of :class:`ICLGrid` (one per evaluation seed) of
-    training run ``r`` on prompts from the ``split`` concepts (``"seen"`` or
-    ``"unseen"``); every run reads the same prompts. ``val_loss`` holds each run's
-    validation loss; ``losses`` and ``cpu_seconds`` are the first run's training losses
-    per step and training time. ``bayes_loss`` is the Bayes-optimal loss on documents
+    training run ``r`` on prompts of the ``split``: ``"seen"``, prompts from the
+    pretraining concepts; ``"unseen"``, random slot patterns labelled by a held-out
+    concept (:meth:`fmlab.data.ginc.GINC.sample_pattern_prompts`, as Xie et al. build
+    their prompts for unseen concepts); every run reads the same prompts.
+    ``val_loss`` holds each run's validation loss; ``losses`` and ``cpu_seconds`` are
+    the first run's training losses per step and training time (per run, when runs
+    were trained together). ``bayes_loss`` is the Bayes-optimal loss on documents
     of ``window + 1`` tokens, ``unigram`` the entropy of the corpus's token frequencies
     (the best context-free loss), ``chance_unseen[k]`` the accuracy on unseen concepts
     of a learner that picks a pretraining concept at random
@@ -1086,11 +1279,12 @@ class TransformerICL:
 
 def transformer_in_context(cfg: Chapter6Config) -> TransformerICL:
     """Pretrain the transformers of ``cfg`` (one per model seed) and evaluate each, with
-    the Bayes predictor, on the same prompts from seen and from unseen concepts (every
-    step cached by :func:`pretrain_ginc_lm` and :func:`evaluate_in_context`)."""
+    the Bayes predictor, on the same prompts from seen concepts and on random slot
+    patterns labelled by unseen ones (the runs trained together by
+    :func:`pretrain_ginc_lms`; every step cached)."""
     if not isinstance(cfg, Chapter6Config):
         raise TypeError(f"cfg must be a Chapter6Config, got {type(cfg).__name__}")
-    runs = [pretrain_ginc_lm(cfg.pretrain_config(s)) for s in cfg.model_seeds]
+    runs = pretrain_ginc_lms([cfg.pretrain_config(s) for s in cfg.model_seeds])
     grids = {
         split: [
             evaluate_in_context(
@@ -1098,7 +1292,7 @@ def transformer_in_context(cfg: Chapter6Config) -> TransformerICL:
                 cfg.ns,
                 cfg.ks,
                 n_prompts=cfg.n_prompts,
-                concepts=split,
+                concepts=_SPLIT_PROMPTS[split],
                 seeds=cfg.eval_seeds,
                 epsilon=cfg.epsilon,
             )
@@ -1113,7 +1307,7 @@ def transformer_in_context(cfg: Chapter6Config) -> TransformerICL:
     chance = {
         k: random_concept_accuracy(
             world,
-            world.sample_prompts(1000, 0, k, make_generator(40 + k), concepts="unseen"),
+            world.sample_pattern_prompts(1000, 0, k, make_generator(40 + k)),
         )
         for k in cfg.ks
     }

@@ -231,7 +231,13 @@ class Prompts:
     concepts : (B,) int64
         The prompt concept :math:`c^\\star` of each prompt.
     start_property : (B,) int64
-        The shared start property :math:`s_0` of each prompt.
+        The shared start property :math:`s_0` of each prompt (for prompts of random
+        slot patterns, :meth:`GINC.sample_pattern_prompts`, the first slot of the
+        test example).
+    uniform_start : bool
+        True when the label was computed with the first hidden state uniform over all
+        states (random slot patterns) instead of uniform over the entities at
+        ``start_property``.
     """
 
     examples: torch.Tensor
@@ -239,6 +245,7 @@ class Prompts:
     labels: torch.Tensor
     concepts: torch.Tensor
     start_property: torch.Tensor
+    uniform_start: bool = False
 
     @property
     def n_examples(self) -> int:
@@ -259,7 +266,12 @@ class Prompts:
         n = check_int("n", n, minimum=0, maximum=self.n_examples)
         ex = torch.cat([self.examples[:, :n], self.examples[:, -1:]], dim=1)
         return Prompts(
-            ex, assemble_prompts(ex), self.labels, self.concepts, self.start_property
+            ex,
+            assemble_prompts(ex),
+            self.labels,
+            self.concepts,
+            self.start_property,
+            self.uniform_start,
         )
 
     def reordered(self, order: torch.Tensor) -> "Prompts":
@@ -274,7 +286,12 @@ class Prompts:
         idx = torch.cat([order, torch.tensor([self.n_examples])])
         ex = self.examples[:, idx]
         return Prompts(
-            ex, assemble_prompts(ex), self.labels, self.concepts, self.start_property
+            ex,
+            assemble_prompts(ex),
+            self.labels,
+            self.concepts,
+            self.start_property,
+            self.uniform_start,
         )
 
 
@@ -499,14 +516,89 @@ class GINC:
         labels = self.most_likely_next_token(examples[:, -1, :-1], concept, start)
         return Prompts(examples, assemble_prompts(examples), labels, concept, start)
 
+    def sample_pattern_prompts(
+        self,
+        n_prompts: int,
+        n_examples: int,
+        example_length: int,
+        generator: torch.Generator,
+        concepts="unseen",
+    ) -> Prompts:
+        """Prompts of **random slot patterns**, labelled by a concept: Xie et al.'s
+        prompts for unseen concepts.
+
+        Each of the ``n_examples + 1`` examples reads one entity, uniform and fixed
+        along the example, at ``example_length`` properties drawn independently and
+        uniformly from :math:`\\{1,\\dots,P-1\\}` (no HMM moves them, so the examples
+        carry no information about any concept); examples are joined by the
+        delimiter as in :meth:`sample_prompts`. Each prompt draws its concept
+        uniformly from ``concepts`` (by default the held-out ones), and its label is
+        that concept's most likely next token after the test input, with the first
+        hidden state uniform over all states. A test input impossible under its
+        concept is drawn again (the authors' code labels it with the delimiter, an
+        artifact of the NaN posterior), so every label is the concept's prediction.
+        """
+        B = check_int("n_prompts", n_prompts, minimum=1)
+        n = check_int("n_examples", n_examples, minimum=0)
+        k = check_int("example_length", example_length, minimum=2)
+        if not isinstance(generator, torch.Generator):
+            raise TypeError(
+                f"generator must be a torch.Generator, got {type(generator).__name__}"
+            )
+        c = self.config
+        pool = self.concept_indices(concepts)
+        concept = pool[torch.randint(len(pool), (B,), generator=generator)]
+        slots = torch.randint(1, c.n_properties, (B, n + 1, k), generator=generator)
+        entity = torch.randint(c.n_entities, (B, n + 1, 1), generator=generator)
+        examples = self.memory[entity.expand(B, n + 1, k), slots]
+        for _ in range(1000):  # redraw test inputs impossible under their concept
+            probs = self.next_token_probs(
+                examples[:, -1, :-1], concept, slots[:, -1, 0], uniform_start=True
+            )
+            bad = probs.isnan().any(1).nonzero().squeeze(1)
+            if len(bad) == 0:
+                break
+            slots[bad, -1] = torch.randint(
+                1, c.n_properties, (len(bad), k), generator=generator
+            )
+            entity[bad, -1] = torch.randint(
+                c.n_entities, (len(bad), 1), generator=generator
+            )
+            examples[bad, -1] = self.memory[
+                entity[bad, -1].expand(len(bad), k), slots[bad, -1]
+            ]
+        start, labels = slots[:, -1, 0].clone(), probs.argmax(1)
+        return Prompts(
+            examples, assemble_prompts(examples), labels, concept, start, True
+        )
+
     def most_likely_next_token(
-        self, inputs: torch.Tensor, concepts: torch.Tensor, start_property: torch.Tensor
+        self,
+        inputs: torch.Tensor,
+        concepts: torch.Tensor,
+        start_property: torch.Tensor,
+        uniform_start: bool = False,
     ) -> torch.Tensor:
         """:math:`\\arg\\max_v p(o_{k} = v \\mid o_{1:k-1}, c)` for test inputs ``(B,
-        k-1)``.
+        k-1)``: the argmax of :meth:`next_token_probs` (the delimiter where the input
+        is impossible under its concept)."""
+        probs = self.next_token_probs(inputs, concepts, start_property, uniform_start)
+        return probs.nan_to_num(-1.0).argmax(1)
 
-        The first hidden state is uniform over entities at property ``start_property``;
-        computed exactly with the forward algorithm of :mod:`fmlab.theory.bayes_icl`.
+    def next_token_probs(
+        self,
+        inputs: torch.Tensor,
+        concepts: torch.Tensor,
+        start_property: torch.Tensor,
+        uniform_start: bool = False,
+    ) -> torch.Tensor:
+        """:math:`p(o_{k} = v \\mid o_{1:k-1}, c)` for test inputs ``(B, k-1)``, shape
+        ``(B, V)``.
+
+        The first hidden state is uniform over entities at property ``start_property``
+        (or, with ``uniform_start``, over all states); computed exactly with the
+        forward algorithm of :mod:`fmlab.theory.bayes_icl`. Rows whose input is
+        impossible under their concept are NaN.
         """
         inputs = check_tensor("inputs", inputs, ndim=2, integer=True)
         B = inputs.shape[0]
@@ -518,17 +610,17 @@ class GINC:
         init = torch.zeros(B, 1, self.n_states, dtype=torch.float64)
         idx = torch.arange(E).unsqueeze(0) * P + start_property.unsqueeze(1)  # (B, E)
         init.scatter_(2, idx.unsqueeze(1), 1.0 / E)
+        if uniform_start:  # the first hidden state uniform over all states
+            init.fill_(1.0 / self.n_states)
         probs = torch.empty(B, self.config.vocab_size, dtype=torch.float64)
         T_all = self.transition_matrices("all")
         emit = self.emission_matrix()
-        for (
-            cc
-        ) in concepts.unique().tolist():  # a handful of concepts: one batched pass each
+        for cc in concepts.unique().tolist():  # a handful: one batched pass each
             rows = (concepts == cc).nonzero().squeeze(1)
             probs[rows] = next_token_distribution(
                 inputs[rows], T_all[cc : cc + 1], emit, init[rows]
             )[:, 0]
-        return probs.argmax(1)
+        return probs
 
     def decode(self, tokens: torch.Tensor) -> str:
         """A token sequence ``(T,)`` as text, with the names of :func:`token_names`."""
