@@ -34,7 +34,7 @@ REQUIRED_KEYS = [
     "ch6.bayes_icl_gain_k3",
     "ch6.icl_gain_k3",
     "ch6.icl_gain_k5",
-    "ch6.unseen_gain",
+    "ch6.unseen_pattern_gain",
 ]
 
 
