@@ -41,7 +41,7 @@ test: book
 	$(BIN)/ruff check src tests scripts notebooks book/_ext
 	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile \
 		_build/executed tests --ignore tests/book/test_browser.py \
-		--nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg
+		--nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg --durations=15
 # The browser test alone, after the rest: on a slow line with a chapter executing on the
 # other core, Chromium's renderer once took over two minutes to answer a navigation
 	$(BIN)/python -m pytest tests/book/test_browser.py

@@ -33,7 +33,7 @@ OUT = ROOT / "src" / "fmlab" / "chapters" / "results" / "ch5_width_sweep.json"
 
 
 def _job(args):
-    width, chunk, n_models, steps, lr, device = args
+    width, chunk, n_models, steps, lr, device, n_trace = args
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch
 
@@ -45,6 +45,8 @@ def _job(args):
         config = replace(config, pretrain_steps=steps)
     if lr:
         config = replace(config, pretrain_lr=lr)
+    if n_trace:
+        config = replace(config, n_trace=n_trace)
     t0 = time.time()
     out = width_sweep_run(
         config, width, 1000 * (chunk + 1) + width, n_models, device=device
@@ -102,6 +104,9 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=0, help="override pretrain_steps")
     ap.add_argument("--lr", type=float, default=0.0, help="override pretrain_lr")
     ap.add_argument(
+        "--trace-examples", type=int, default=0, help="override n_trace (tests)"
+    )
+    ap.add_argument(
         "--append", action="store_true", help="add these runs to those in --out"
     )
     ap.add_argument("--jobs", type=int, default=os.cpu_count())
@@ -130,7 +135,8 @@ def main(argv=None) -> int:
         if a.seeds % p:
             ap.error(f"--per-job: {p} does not divide --seeds {a.seeds}")
         jobs += [
-            (w, chunk, p, a.steps, a.lr, a.device) for chunk in range(a.seeds // p)
+            (w, chunk, p, a.steps, a.lr, a.device, a.trace_examples)
+            for chunk in range(a.seeds // p)
         ]
     jobs.sort(key=lambda j: -(j[0] ** 2) * j[2])  # the slowest first
     t0 = time.time()
@@ -144,6 +150,8 @@ def main(argv=None) -> int:
     config = WidthSweepConfig()
     if a.steps:
         config = replace(config, pretrain_steps=a.steps)
+    if a.trace_examples:
+        config = replace(config, n_trace=a.trace_examples)
     meta = {"config": asdict(config), "wall_seconds": time.time() - t0}
     if a.append:  # only onto runs of the same code (else StaleResults: rerun all)
         before = stored.load(a.out, script=WIDTH_SWEEP_SCRIPT, sources=sources)

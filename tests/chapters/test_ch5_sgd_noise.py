@@ -268,10 +268,12 @@ def test_embed_width_names_a_bad_width():
         embed_width(torch.nn.Linear(2, 2), 16)
 
 
-def test_the_width_sweep_script_writes_what_the_page_reads(tmp_path):
-    """The script at a tiny config (two widths, a few steps) writes a file that
-    width_sweep_results groups by (width, lr), and width_sweep_compared keeps the
-    widths whose mean gaps are within the tolerance of the smallest."""
+def test_the_width_sweep_script_writes_what_the_page_reads(tmp_path, monkeypatch):
+    """The script at a tiny config (two widths, a few steps, a small trace set) writes
+    a file that width_sweep_results groups by (width, lr), and width_sweep_compared
+    keeps the widths whose mean gaps are within the tolerance of the smallest. (The
+    file's slice is the stored one's business: tests/chapters/test_stored_runs.py
+    reruns it; here it is a stand-in, so that this test trains only the tiny runs.)"""
     import importlib.util
     from pathlib import Path
 
@@ -288,8 +290,10 @@ def test_the_width_sweep_script_writes_what_the_page_reads(tmp_path):
     )
     sweep = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sweep)
+    monkeypatch.setattr(sweep, "_slice", lambda: {"config": {}, "result": {}})
     out = tmp_path / "w.json"
     args = ["--widths", "16", "32", "--seeds", "2", "--per-job", "2", "--steps", "3"]
+    args += ["--trace-examples", "60"]
     assert sweep.main(args + ["--jobs", "1", "--out", str(out)]) == 0
     res = width_sweep_results(out)  # its fingerprint is today's code's
     assert res["meta"]["stored"]["script"] == "scripts/ch5_width_sweep.py"

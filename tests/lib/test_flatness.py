@@ -208,12 +208,13 @@ def test_fisher_block_traces_at_a_well_specified_minimum_are_hessian_blocks():
         truth = torch.softmax(_logits(params, X), -1)
     loss = lambda p: _population_loss(p, X, truth)  # noqa: E731
     oracle = _block_diagonal_traces(_autograd_hessian(loss, params), params, BLOCKS)
+    # 4000 label draws per example, as 4000 copies of the inputs drawn once each (the
+    # same estimator: independent labels for each row; one batched pass, not 4000)
     est = fisher_trace(
         _logp,
         _logits,
         params,
-        X,
-        n_labels=4000,
+        X.repeat(4000, 1),
         generator=torch.Generator().manual_seed(6),
         blocks=BLOCKS,
     )
@@ -254,12 +255,13 @@ def test_fisher_trace_exact_matches_brute_force_and_sampled_estimator():
             )
     exact = fisher_trace_exact(_logp, _logits, params, X)
     assert exact == pytest.approx(brute, rel=1e-10)
+    # 3000 label draws per example: 1000 copies of the inputs, three draws each
     est = fisher_trace(
         _logp,
         _logits,
         params,
-        X,
-        n_labels=3000,
+        X.repeat(1000, 1),
+        n_labels=3,
         generator=torch.Generator().manual_seed(1),
     )
     assert abs(est.value - exact) < 4 * est.stderr
