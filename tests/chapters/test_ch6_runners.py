@@ -98,7 +98,7 @@ def test_transformer_runners_agree_with_the_library_calls(cache):
                 seeds=cfg.eval_seeds,
                 n_prompts=cfg.n_prompts,
                 epsilon=cfg.epsilon,
-                concepts=split,
+                concepts={"seen": "seen", "unseen": "pattern"}[split],
             )
             for s in cfg.model_seeds
         ]
@@ -159,6 +159,51 @@ def test_transformer_runners_agree_with_the_library_calls(cache):
     assert "8" in ch6_figures.model_text(cfg, res)
     with pytest.raises(KeyError):  # the paper table quotes k = 3 and 5
         ch6_figures.paper_comparison(cfg, res, effect, effect[3])
+
+
+def test_stacked_training_is_separate_training_up_to_rounding(cache):
+    # oracle: the one-model loop (_train), run once per seed
+    cfg = _tiny_config(steps=12, warmup=3)
+    cfgs = [cfg.pretrain_config(s) for s in cfg.model_seeds]
+    alone = [ch6._train(c) for c in cfgs]
+    together = ch6._train_stacked(cfgs)
+    for a, t in zip(alone, together):
+        assert torch.allclose(a["losses"], t["losses"], atol=1e-5)
+        for name, v in a["state_dict"].items():
+            assert torch.allclose(v, t["state_dict"][name], atol=1e-5), name
+        assert abs(a["val_loss"] - t["val_loss"]) < 1e-5
+    # the cached runs: one entry per run, each what the one-run call returns
+    runs = ch6.pretrain_ginc_lms(cfgs)
+    assert len(list(cache.glob("ginc_lm-*.pt"))) == 2
+    for c, r in zip(cfgs, runs):
+        assert torch.equal(ch6.pretrain_ginc_lm(c)["losses"], r["losses"])
+
+
+def test_worlds_table_and_prose_read_the_stored_fields():
+    from fmlab.chapters import ch6_worlds
+
+    def world(offset, gain):
+        pair = {"3": [gain, gain], "5": [gain, gain]}
+        return {
+            "offset": offset,
+            "gain": {"3": [[gain, gain]], "5": [[gain, gain]]},
+            "bayes_gain_eps0.15": pair,
+            "bayes_gain_eps1e-08": pair,
+            "impossible": {"3": 0.5, "5": 0.7},
+            "distinguishable": {"3": 0.4, "5": 0.9},
+        }
+
+    worlds = {"worlds": [world(0, 0.1), world(1, -0.02)]}
+    pooled = ch6_worlds.pooled_gain(worlds)
+    assert np.allclose(pooled, [0.1, 0.1, -0.02, -0.02])
+    per = {
+        w["offset"]: ch6_worlds.pooled_gain({"worlds": [w]}) for w in worlds["worlds"]
+    }
+    prose = ch6_figures.prose_worlds(worlds, per, [0], None)
+    assert prose["ch6_w_held"] == "one" and prose["ch6_w_failed_list"] == "world 1"
+    assert "absent" in prose["ch6_w_paper"]
+    text = str(ch6_figures.worlds_table(worlds, {0: (0.2, 0.1)}))
+    assert "+0.100 / +0.100" in text and "+0.200 / +0.100" in text
 
 
 def test_smoothing_sweep_is_the_bayes_grid_at_each_epsilon(cache):

@@ -338,6 +338,41 @@ def test_prompt_format_and_labels_by_enumeration(tiny):
         assert int(pr.labels[b]) == int(probs.argmax())
 
 
+def test_pattern_prompts_format_and_labels_by_enumeration(tiny):
+    # oracle: Xie et al.'s construction for unseen concepts, checked token by token,
+    # and each label by enumerating every hidden path from a uniform first state
+    n, k = 2, 3
+    pr = tiny.sample_pattern_prompts(60, n, k, make_generator(4))
+    c = tiny.config
+    H = c.n_states
+    assert pr.uniform_start and pr.tokens.shape == (60, n * (k + 1) + k - 1)
+    assert (pr.tokens[:, k :: k + 1] == DELIMITER).all()
+    assert set(pr.concepts.tolist()) <= set(tiny.unseen_concepts.tolist())
+    for b in range(60):  # each example: one entity's row of the memory, slots >= 1
+        for ex in pr.examples[b]:
+            rows = [
+                e
+                for e in range(c.n_entities)
+                if set(ex.tolist()) <= set(tiny.memory[e, 1:].tolist())
+            ]
+            assert rows, ex
+    T = tiny.transition_matrices("all")
+    for b in range(60):
+        x, th = pr.examples[b, -1, :-1], int(pr.concepts[b])
+        probs = torch.zeros(c.vocab_size, dtype=torch.float64)
+        for path in itertools.product(range(H), repeat=k):
+            if any(tiny.state_tokens[path[s]] != x[s] for s in range(k - 1)):
+                continue
+            p = 1.0 / H
+            for s in range(1, k):
+                p *= float(T[th, path[s - 1], path[s]])
+            probs[tiny.state_tokens[path[-1]]] += p
+        assert probs.sum() > 0  # the test input is possible under its concept
+        assert int(pr.labels[b]) == int(probs.argmax())
+    fewer = pr.with_examples(1)
+    assert fewer.uniform_start and torch.equal(fewer.labels, pr.labels)
+
+
 def test_with_examples_and_reordering(tiny):
     pr = tiny.sample_prompts(5, 3, 3, make_generator(3))
     zero = pr.with_examples(0)

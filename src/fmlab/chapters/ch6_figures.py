@@ -35,6 +35,9 @@ __all__ = [
     "paper_comparison",
     "model_text",
     "prose_diagnostics",
+    "worlds_table",
+    "paper_size_text",
+    "prose_worlds",
 ]
 
 
@@ -246,7 +249,7 @@ def plot_ginc_pretraining(res: TransformerICL, cfg: Chapter6Config):
     ax.set(
         xlabel="step",
         ylabel="next-token cross-entropy (nats)",
-        ylim=(1.0, 4.0),
+        ylim=(1.0, max(4.0, res.unigram + 0.3)),  # every line the legend names
         title=f"Pretraining a {cfg.n_layers}-layer transformer of width {cfg.width}",
     )
     ax.legend()
@@ -354,7 +357,7 @@ def plot_agreement(res: TransformerICL):
     ns = np.array(res.ns)
     agree = res.stack("seen", "agreement")
     chance = res.stack("seen", "chance_agreement")
-    fig, ax = plt.subplots(figsize=(6, 3.3))
+    fig, ax = plt.subplots(figsize=(7.5, 3.3), layout="constrained")
     for j, k in enumerate(res.ks):
         ax.errorbar(
             ns,
@@ -371,7 +374,8 @@ def plot_agreement(res: TransformerICL):
         ylim=(0, 1),
         title="Agreement with the Bayes predictor",
     )
-    ax.legend(fontsize=8, loc="lower right")
+    # the legend beside the axes, off the chance line and the curves
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5))
     return fig
 
 
@@ -489,4 +493,120 @@ def prose_diagnostics(gap_early: dict, gap_late: dict, excess: dict, share) -> d
         "ch6_excess_change": f"{excess['after_change'].mean():.2f}",
         "ch6_excess_steady": f"{excess['steady'].mean():.2f}",
         "ch6_change_share": f"{100 * share:.0f}%",
+    }
+
+
+def _mean(values) -> float:
+    return float(np.mean(values))
+
+
+def worlds_table(worlds, smoothed: dict | None = None):
+    """The stored runs across worlds (:func:`fmlab.chapters.ch6_worlds.
+    worlds_results`), one row per world: the transformer's gain from n = 0 to 8 on the
+    paper's documents at k = 3 / 5 (mean over training runs x evaluation seeds),
+    ``smoothed`` (``{offset: (gain k = 3, gain k = 5)}``: the page's own runs on
+    documents with jumps, where measured), the gains of the Bayes predictor of the
+    documents with jumps (rate 0.15) and of the paper's documents (smoothing 1e-8),
+    the share of prompts with eight examples impossible under every unsmoothed
+    pretraining HMM, and the share of concept pairs that meet the distinguishability
+    condition (smoothing 0.01)."""
+    smoothed = smoothed or {}
+    rows = []
+    for w in worlds["worlds"]:
+        o = w["offset"]
+
+        def pair(d):
+            return " / ".join(f"{_mean(d[k]):+.3f}" for k in ("3", "5"))
+
+        sm = smoothed.get(o)
+        rows.append(
+            {
+                "world (seed offset)": o,
+                "transformer, paper's documents": pair(w["gain"]),
+                "transformer, with jumps": (
+                    "" if sm is None else " / ".join(f"{v:+.3f}" for v in sm)
+                ),
+                "Bayes, with jumps": pair(w["bayes_gain_eps0.15"]),
+                "Bayes, paper's documents": pair(w["bayes_gain_eps1e-08"]),
+                "impossible prompts": " / ".join(
+                    f"{w['impossible'][k]:.2f}" for k in ("3", "5")
+                ),
+                "distinguishable pairs": " / ".join(
+                    f"{w['distinguishable'][k]:.2f}" for k in ("3", "5")
+                ),
+            }
+        )
+    return table(
+        rows,
+        caption="Gains from n = 0 to 8 examples at k = 3 / 5, per world (stored run)",
+    )
+
+
+def paper_size_text(paper) -> str:
+    """One sentence on the stored run at the paper's model size: its gains per world,
+    or that the file is absent."""
+    if paper is None:
+        return (
+            "The run at the paper's model size (scripts/ch6_worlds.py --scale paper "
+            "--device cuda) has not been made yet: its results file is absent."
+        )
+    parts = [
+        f"world {w['offset']}: "
+        + " / ".join(f"{_mean(w['gain'][k]):+.3f}" for k in ("3", "5"))
+        for w in paper["worlds"]
+    ]
+    return (
+        "At the paper's model size (4 layers of width 768 on the paper's corpus), "
+        "the gains at k = 3 / 5 are " + "; ".join(parts) + "."
+    )
+
+
+_COUNTS = ("none", "one", "two", "three", "four", "five", "six", "seven", "eight")
+
+
+def prose_worlds(worlds, per_world: dict, held: list, paper) -> dict:
+    """The numbers and sentences the text quotes from the stored runs across worlds:
+    the pooled gain, the worlds where the gain holds by the margin rule (``held``)
+    and the others, and how the worlds of each group differ in the Bayes gain of the
+    paper's documents, the share of impossible prompts and of distinguishable pairs
+    (means over ``k = 3`` and ``5``)."""
+    pooled = np.concatenate(list(per_world.values()))
+    failed = [o for o in per_world if o not in held]
+    by = {w["offset"]: w for w in worlds["worlds"]}
+
+    def avg(offsets, field, inner=_mean):
+        if not offsets:
+            return float("nan")
+        return float(
+            np.mean(
+                [np.mean([inner(v) for v in by[o][field].values()]) for o in offsets]
+            )
+        )
+
+    def describe(offsets):
+        return (
+            f"Bayes gain {avg(offsets, 'bayes_gain_eps1e-08'):+.3f}, "
+            f"{avg(offsets, 'impossible', float):.2f} of the prompts impossible, "
+            f"{avg(offsets, 'distinguishable', float):.2f} of the pairs distinguishable"
+        )
+
+    if failed and held:
+        reading = (
+            "What separates the two groups, on average over k = 3 and 5 (the worlds "
+            f"where it learns: {describe(held)}; the others: {describe(failed)}), "
+            "says how much of what the paper's documents allow a world leaves to "
+            "examples."
+        )
+    else:
+        reading = f"Across the worlds: {describe(list(per_world))}."
+    se = pooled.std(ddof=1) / np.sqrt(len(pooled))
+    return {
+        "ch6_w_pooled": f"{pooled.mean():+.3f} ± {se:.3f}",
+        "ch6_w_held": _COUNTS[len(held)]
+        if len(held) < len(_COUNTS)
+        else str(len(held)),
+        "ch6_w_held_list": ", ".join(f"world {o}" for o in held) or "none",
+        "ch6_w_failed_list": ", ".join(f"world {o}" for o in failed) or "none",
+        "ch6_w_reading": reading,
+        "ch6_w_paper": paper_size_text(paper),
     }
