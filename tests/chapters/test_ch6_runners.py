@@ -261,3 +261,21 @@ def test_runners_reject_a_wrong_config():
     ):
         with pytest.raises(TypeError, match="Chapter6Config"):
             runner(object())
+
+
+def test_paper_scale_is_the_papers_model_and_corpus():
+    # oracle: Xie et al.'s settings (GPT-2 with 4 layers of width 768, 12 heads,
+    # blocks of 1024 tokens, batch 8, learning rate 8e-4 with 1000 warm-up steps,
+    # 1000 documents of 10 240 tokens) and the parameter count of that shape
+    from fmlab.chapters.ch6_worlds import WorldsConfig
+
+    cfg = WorldsConfig(scale="paper").pretrain(0)
+    assert (cfg.width, cfg.n_layers, cfg.n_heads, cfg.window) == (768, 4, 12, 1024)
+    assert (cfg.batch_size, cfg.steps, cfg.lr, cfg.warmup) == (8, 6000, 8e-4, 1000)
+    assert (cfg.world.n_documents, cfg.world.document_length) == (1000, 10240)
+    assert cfg.corpus_eps == 0 and cfg.dropout == 0 and cfg.world.vocab_size == 150
+    d, V, L = 768, 150, 4
+    per_block = 4 * d + (3 * d * d + 3 * d) + (d * d + d) + 2 * (4 * d * d) + 5 * d
+    want = V * d + 1024 * d + L * per_block + 2 * d + V * d + V
+    assert ch6.build_model(cfg).n_params() == want
+    assert abs(want / 1e6 - 29.4) < 0.1
