@@ -649,8 +649,10 @@ def two_worlds(worlds: dict, page: np.ndarray, paper=(1.2, 13.6), paper_mean=7.9
     per-task contrasts at 64 shots (shaded) and its mean (dashed)."""
     names = [n for n in WORLDS if n in worlds]
     fig, ax = plt.subplots(figsize=(6.5, 3.4))
-    ax.axhspan(*paper, color=PALETTE["sky"], alpha=0.25, lw=0)
-    ax.axhline(paper_mean, color=PALETTE["blue"], ls="--", lw=1)
+    ax.axhspan(*paper, color=PALETTE["sky"], alpha=0.25, lw=0, label="paper, six tasks")
+    ax.axhline(
+        paper_mean, color=PALETTE["blue"], ls="--", lw=1, label="paper, their mean"
+    )
     ax.axhline(0, color="#999999", lw=0.8)
     colors = [PALETTE["black"], PALETTE["red"], PALETTE["purple"], PALETTE["orange"]]
     labels = []
@@ -674,9 +676,10 @@ def two_worlds(worlds: dict, page: np.ndarray, paper=(1.2, 13.6), paper_mean=7.9
     ax.set_xticks(range(len(labels)), labels, fontsize=7)
     ax.set(
         ylabel="contrast (points)",
-        title="(FT − eNTK) without the prompt minus with it, per pretraining (k = 64)",
+        title="(FT − eNTK) without the prompt minus with it, per pretraining",
     )
     ax.title.set_fontsize(9)
+    ax.legend(fontsize=7, loc="upper right")
     fig.tight_layout()
     return fig
 

@@ -44,6 +44,7 @@ __all__ = [
     "second_world_sources",
     "second_world_results",
     "second_world_slice",
+    "per_pretraining",
     "SECOND_WORLD_RESULTS",
     "SECOND_WORLD_SCRIPT",
     "SECOND_WORLD_SLICE",
@@ -249,3 +250,9 @@ def second_world_slice(record: dict | None = None) -> dict:
 def slice_config() -> dict:
     """The slice's full configuration, as the results file records it."""
     return asdict(SecondWorldConfig(**SECOND_WORLD_SLICE))
+
+
+def per_pretraining(part: dict, names=("contrast",)) -> dict[str, list[float]]:
+    """Per pretraining of a part of :func:`second_world_results`, the mean over its
+    runs of each quantity in ``names`` (``{name: [one value per pretraining]}``)."""
+    return {n: [float(np.mean(p[n])) for p in part["pretrainings"]] for n in names}
