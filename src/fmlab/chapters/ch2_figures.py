@@ -24,6 +24,7 @@ from .ch2_interface import (
 )
 
 __all__ = [
+    "slow_and_fast_functions",
     "prose_connectivity",
     "plot_latent_class_training",
     "slack_table",
@@ -321,6 +322,68 @@ def plot_connectivity_sweep(sweep: SweepResult, trivial: float):
         ],
         ncol=4,
     )
+    return fig
+
+
+def _rayleigh(weights: torch.Tensor, h: torch.Tensor) -> float:
+    """How fast ``h`` varies across the edges of the graph, per unit of its mass:
+    half the sum of w(x, x')(h(x) − h(x'))² over the sum of w_x h(x)²."""
+    diff = (h[:, None] - h[None, :]).pow(2)
+    return float(0.5 * (weights * diff).sum() / (weights.sum(1) * h.pow(2)).sum())
+
+
+WAVES = ManifoldConfig(points_per_class=16, separation=2.1, along_std=0.6)
+
+
+def slow_and_fast_functions(world: ManifoldConfig = WAVES, k: int = 3):
+    """Part II's picture before the probe's guarantee: on the augmentation graph of a
+    small ``world`` (by default three circles of 16 views with strong augmentations),
+    the graph itself (edges drawn by weight), a class's indicator, the slowest
+    non-constant eigenfunction and the (k+1)-th, each titled with its Rayleigh quotient
+    (an eigenfunction's quotient is its eigenvalue λ_i of the normalised Laplacian)."""
+    _check("world", world, ManifoldConfig)
+    graph = MixtureOfManifolds(world).augmentation_graph()
+    W, pts = graph.weights, graph.points.numpy()
+    wx = W.sum(1)
+    nu, u = torch.linalg.eigh(W / torch.sqrt(wx[:, None] * wx[None, :]))
+    order = nu.argsort(descending=True)
+    h = u[:, order] / wx.sqrt()[:, None]  # eigenfunctions D^{-1/2} u_i, slowest first
+    label = (graph.labels == 0).double() - (graph.labels == 0).double().mean()
+    shown = [
+        ("class 1 against the rest", label, _rayleigh(W, label)),
+        ("2nd eigenfunction", h[:, 1], 1 - float(nu[order[1]])),
+        (
+            f"eigenfunction {k + 1} ($\\lambda_{{k+1}}$)",
+            h[:, k],
+            1 - float(nu[order[k]]),
+        ),
+    ]
+    fig, axes = plt.subplots(1, 4, figsize=(12.0, 3.3))
+    ax = axes[0]
+    strong = (W > 0.02 * W.max()).nonzero().tolist()
+    for i, j in strong:
+        if i < j:
+            ax.plot(*pts[[i, j]].T, color="0.6", lw=0.4 + 2 * float(W[i, j] / W.max()))
+    for c in range(int(graph.labels.max()) + 1):
+        m = (graph.labels == c).numpy()
+        ax.scatter(pts[m, 0], pts[m, 1], s=14, color=COLORS[c], zorder=3)
+    ax.set_title("the graph (points: classes)")
+    for ax, (name, f, q) in zip(axes[1:], shown):
+        lim = float(f.abs().max())
+        ax.scatter(
+            pts[:, 0],
+            pts[:, 1],
+            c=f.numpy(),
+            cmap="coolwarm",
+            s=14,
+            vmin=-lim,
+            vmax=lim,
+        )
+        ax.set_title(f"{name}\nRayleigh quotient {q:.3f}")
+    for ax in axes:
+        ax.set(aspect="equal", xticks=[], yticks=[])
+        ax.grid(False)
+    fig.tight_layout()
     return fig
 
 
