@@ -24,11 +24,30 @@ import pytest
 import torch
 
 from fmlab import stored
-from fmlab.chapters import ch5_implicit_bias, ch5_sgd_noise, ch5_size
+from fmlab.chapters import (
+    ch4_second_world,
+    ch5_implicit_bias,
+    ch5_sgd_noise,
+    ch5_size,
+    ch6_worlds,
+)
 
 # (module, results file, script, loader, the slice's runner, the slice's settings and
 # its config class, a line of the producing code and its edit)
 RUNS = {
+    "ch4_second_world": (
+        ch4_second_world,
+        ch4_second_world.SECOND_WORLD_RESULTS,
+        "scripts/ch4_second_world.py",
+        ch4_second_world.second_world_results,
+        "second_world_slice",
+        ch4_second_world.SECOND_WORLD_SLICE,
+        (
+            "k, wide = config.shots,",
+            "k, wide = 2 * config.shots,",
+            ch4_second_world.second_world_pretraining,
+        ),
+    ),
     "ch5_same_loss": (
         ch5_implicit_bias,
         ch5_implicit_bias.SAME_LOSS_RESULTS,
@@ -55,6 +74,15 @@ RUNS = {
         "size_sweep_slice",
         ch5_size.SIZE_SWEEP_SLICE,
         ("steps=c.steps", "steps=2 * c.steps", ch5_size.size_sweep_run),
+    ),
+    "ch6_worlds": (
+        ch6_worlds,
+        ch6_worlds.WORLDS_RESULTS,
+        "scripts/ch6_worlds.py",
+        ch6_worlds.worlds_results,
+        "worlds_slice",
+        ch6_worlds.WORLDS_SLICE,
+        ("c.eval_seeds[:1]", "c.eval_seeds[:2]", ch6_worlds.worlds_run),
     ),
 }
 
