@@ -89,13 +89,13 @@ def _records_by_key(env) -> dict:
 
 
 def ledger_rows(registry: dict, by_key: dict) -> list[dict]:
-    """One row per phenomenon: its keys' values and a status computed from them.
-
-    *reproduced*: every key is claimed and verified (and no caveat is registered);
-    *partly*: some are, or all are but the registry records a caveat;
-    *not reproduced*: none is (each key is measured and fails, or fails its claim);
-    *not studied*: the phenomenon has no key in the book yet.
+    """One row per phenomenon: its keys' values and a status computed from them
+    (:func:`fmlab.claims.ledger_status`): from the keys' verdicts alone, demoted from
+    *reproduced* to *partly* only by a ``caveat`` (what limits the result); a ``note``
+    (what describes it) never changes the status.
     """
+    from fmlab.claims import ledger_status
+
     rows = []
     for pid, ph in registry["phenomena"].items():
         keys = [k for k, e in registry["keys"].items() if e["phenomenon"] == pid]
@@ -103,14 +103,7 @@ def ledger_rows(registry: dict, by_key: dict) -> list[dict]:
         for k in keys:
             r = by_key.get(k, (None, None))[1]
             held.append(bool(r and r.get("claimed", True) and r["verified"]))
-        if not keys:
-            status = "not studied"
-        elif all(held):
-            status = "partly" if ph.get("caveat") else "reproduced"
-        elif any(held):
-            status = "partly"
-        else:
-            status = "not reproduced"
+        status = ledger_status(held, ph.get("caveat"))
         rows.append({"id": pid, "phenomenon": ph, "keys": keys, "status": status})
     return rows
 
@@ -126,6 +119,14 @@ def _key_line(key, entry, found):
     else:
         mark = "○"
     return f"{mark} {key} = {_value_text(r.get('value'), entry.get('unit', ''))}"
+
+
+def _note_paragraph(note: str) -> nodes.paragraph:
+    """A ledger row's note: what describes the result without limiting it."""
+    para = nodes.paragraph(classes=["fmlab-ledger-note"])
+    para += nodes.emphasis(text="Note: ")
+    para += nodes.Text(note)
+    return para
 
 
 def _ledger(app, fromdocname):
@@ -168,6 +169,8 @@ def _ledger(app, fromdocname):
         status += nodes.strong(text=row["status"])
         if why:
             status += nodes.Text(": " + why)
+        if ph.get("note"):  # describes the result; not why the status is what it is
+            status = [status, _note_paragraph(ph["note"])]
         rows.append(
             [
                 f"Ch. {ph['chapter']}. {ph['title']}",
@@ -285,6 +288,10 @@ def _repro_notes(app, node, fromdocname):
         why = ph.get("caveat")
         if why:
             item += nodes.Text(": " + why)
+        if ph.get("note"):
+            item += nodes.Text(". ")
+            item += nodes.emphasis(text="Note: ")
+            item += nodes.Text(ph["note"])
         if ph.get("retired"):
             item += nodes.Text(" Retired: " + ph["retired"])
         out.append(item)
@@ -432,7 +439,7 @@ def _chapter_label(env, docname):
 
 
 def _table(widths, header, rows, classes=("fmlab-claims-index",)):
-    """A docutils table; each cell is a node or a string."""
+    """A docutils table; each cell is a node, a list of nodes or a string."""
     table = nodes.table(classes=list(classes))
     group = nodes.tgroup(cols=len(widths))
     table += group
@@ -442,6 +449,9 @@ def _table(widths, header, rows, classes=("fmlab-claims-index",)):
         for line in lines:
             row = nodes.row()
             for cell in line:
+                if isinstance(cell, list):  # several paragraphs
+                    row += nodes.entry("", *cell)
+                    continue
                 node = (
                     cell if isinstance(cell, nodes.Node) else nodes.paragraph(text=cell)
                 )
@@ -612,10 +622,21 @@ def _write_json(app, exception):
 
 
 def _one_tab_title(app, pagename, templatename, context, doctree):
-    """The landing page's title is the book's title: the browser tab shows it once
-    (Sphinx would append " — <book title>" to it)."""
-    if pagename == app.config.root_doc:
-        context["titlesuffix"] = ""
+    """The landing page's title is the book's title: the browser tab shows it once.
+    Sphinx's layout appends " — <book title>" to every page's title whenever the
+    context has a ``docstitle``, so the landing page gets none; the sidebar's title,
+    which also reads ``docstitle``, keeps the book's title as the logo's text."""
+    if pagename != app.config.root_doc:
+        return
+    book = context.get("docstitle") or ""
+    title = re.sub(r"<[^>]+>", "", str(context.get("title") or ""))
+    if html.unescape(title).strip() != html.unescape(book).strip():
+        return
+    logo = dict(context.get("theme_logo") or {})
+    if not logo.get("text") and not (logo.get("image_relative") or {}).get("light"):
+        logo["text"] = book
+        context["theme_logo"] = logo
+    context["docstitle"] = ""
 
 
 def _dedupe_scripts(app, pagename, templatename, context, doctree):
@@ -789,16 +810,26 @@ def _download_menu(app, pagename, templatename, context, doctree):
 
     here = app.builder.get_target_uri(pagename)
     items = []
+    notebook = str(context.get("sourcename", "")).endswith(".ipynb")
     for b in group["buttons"]:
-        if b.get("label") == "download-notebook-button":
-            b["text"] = ".ipynb (executed)"
-            b["tooltip"] = "The chapter as an executed notebook, with its outputs"
-        if b.get("label") == "download-pdf-button":
+        label = b.get("label")
+        if label == "download-pdf-button":
             continue  # the browser's print dialog: replaced by the book's PDF below
-        if b.get("label") == "download-source-button" and str(
-            context.get("sourcename", "")
-        ).endswith(".ipynb"):
-            continue  # the same file as the executed notebook above
+        if notebook and label == "download-notebook-button":
+            continue  # (a text notebook's); a chapter's source is its .ipynb, below
+        if notebook and label == "download-source-button":
+            # the chapter's .ipynb: _publish puts there the executed chapter, baked
+            # and numbered as the book (scripts/build_downloads.py)
+            b = {
+                **b,
+                "text": ".ipynb (executed)",
+                "tooltip": "The chapter as an executed notebook, with its outputs, "
+                "numbered as the book",
+                "icon": "fas fa-code",
+                "label": "download-notebook-button",
+            }
+            items.insert(0, b)
+            continue
         items.append(b)
     if manifest is not None:
         for text, name, tip, icon in (
@@ -856,10 +887,16 @@ def _publish(app, exception):
     pdf = build / "pdf" / "book.pdf"
     if pdf.is_file():
         shutil.copy2(pdf, target / "book.pdf")
+    # each chapter's .ipynb download: the executed chapter baked for Jupyter and
+    # numbered as the book (scripts/build_downloads.py), else as executed
     sources = out / "_sources"
+    baked = build / "downloads" / "notebooks"
     for executed in sorted((build / "executed").glob("*.ipynb")):
+        chosen = baked / executed.name
+        if not chosen.is_file():
+            chosen = executed
         for page in sources.rglob(executed.name):
-            shutil.copy2(executed, page)
+            shutil.copy2(chosen, page)
     claims = build / "claims.json"
     if claims.is_file():
         shutil.copy2(claims, out / "claims.json")
@@ -914,6 +951,31 @@ def frames_to_files(page: Path, images: Path) -> int:
     if moved:
         page.write_text(new, encoding="utf-8")
     return moved
+
+
+# The theme loads Font Awesome twice: as CSS with its web fonts (which draws every icon
+# of the site) and as a 1.5 MB script that redraws the icons as SVG, there "so that
+# users can add custom icons". The book adds none: the script goes, and with it a
+# third of a chapter's weight before it is ready on a slow line.
+_ICON_SCRIPT = re.compile(
+    r'\s*<script defer src="[^"]*_static/scripts/fontawesome\.js[^"]*"></script>'
+)
+
+
+def drop_icon_script(page: Path) -> bool:
+    """Remove the theme's Font Awesome script from ``page`` (an HTML file)."""
+    text = page.read_text(encoding="utf-8")
+    new = _ICON_SCRIPT.sub("", text)
+    if new != text:
+        page.write_text(new, encoding="utf-8")
+    return new != text
+
+
+def _drop_icon_script(app, exception):
+    if exception is not None or app.builder.format != "html":
+        return
+    for page in Path(app.outdir).rglob("*.html"):
+        drop_icon_script(page)
 
 
 def _frames_to_files(app, exception):
@@ -1246,6 +1308,107 @@ def _execution_summary(app, targets=None, longest=None) -> nodes.paragraph:
     return nodes.paragraph("", text)
 
 
+_SENTENCE_END = re.compile(r"[.!?](?=\s|$)")
+# words after which a full stop does not end a sentence
+_ABBREVIATIONS = {
+    "fig",
+    "figs",
+    "eq",
+    "eqs",
+    "al",
+    "vs",
+    "cf",
+    "e.g",
+    "i.e",
+    "ch",
+    "sec",
+}
+
+
+def first_sentence(text: str, limit: int = 300) -> str:
+    """The first sentence of a caption (an abbreviation such as "Fig." or "et al."
+    does not end it), on one line, at most ``limit`` characters."""
+    text = " ".join(text.split())
+    end = len(text)
+    for match in _SENTENCE_END.finditer(text):
+        word = text[: match.start()].rsplit(" ", 1)[-1].lower()
+        if match.group() == "." and (
+            word in _ABBREVIATIONS or (len(word) == 1 and word.isalpha())
+        ):
+            continue
+        end = match.end()
+        break
+    sentence = text[:end]
+    if len(sentence) > limit:
+        sentence = sentence[: limit - 1].rsplit(" ", 1)[0] + "…"
+    return sentence
+
+
+def _lazy_images(doctree) -> None:
+    """A chapter's figures load when they come near the screen (the browser's lazy
+    loading), so that the page is ready before the figures far below it arrive."""
+    for image in doctree.findall(nodes.image):
+        image.setdefault("loading", "lazy")
+
+
+def _figure_alt_text(doctree) -> int:
+    """Every image of a captioned figure whose alt text is missing or its file path
+    gets its caption's first sentence as alt text, its formulas left out (a screen
+    reader, or a reader whose image did not load, reads what the figure shows, not
+    "../_images/…png")."""
+    changed = 0
+    for figure in doctree.findall(nodes.figure):
+        caption = next(iter(figure.findall(nodes.caption)), None)
+        if caption is None or not caption.astext().strip():
+            continue
+        # the words, not the TeX source of the caption's formulas
+        words = "".join(
+            str(t)
+            for t in caption.findall(nodes.Text)
+            if not isinstance(t.parent, nodes.math)
+        )
+        alt = first_sentence(re.sub(r"\s+([,.;:)])", r"\1", words))
+        for image in figure.findall(nodes.image):
+            current = (image.get("alt") or "").strip()
+            uri = str(image.get("uri", ""))
+            if not current or current == uri or current.endswith(Path(uri).name):
+                image["alt"] = alt
+                changed += 1
+    return changed
+
+
+_EXERCISE_WORD = re.compile(r"\b[Ee]xercise\s*$")
+
+
+def _one_word_exercise(doctree) -> int:
+    """A reference to an exercise reads "Exercise 1.3" (sphinx-exercise's text), so
+    "see exercise {ref}`label`" would read "see exercise Exercise 1.3": the word before
+    the reference goes (a sentence that opens with it keeps the reference's capital)."""
+    changed = 0
+    for ref in list(doctree.findall(nodes.reference)):
+        if not ref.astext().startswith("Exercise "):
+            continue
+        parent = ref.parent
+        if parent is None:
+            continue
+        index = parent.index(ref) - 1
+        # MyST makes a line break its own text node: step over blank ones
+        while (
+            index >= 0
+            and isinstance(parent[index], nodes.Text)
+            and not str(parent[index]).strip()
+        ):
+            index -= 1
+        if index < 0 or not isinstance(parent[index], nodes.Text):
+            continue
+        before = str(parent[index])
+        trimmed = _EXERCISE_WORD.sub("", before)
+        if trimmed != before:
+            parent[index] = nodes.Text(trimmed)
+            changed += 1
+    return changed
+
+
 def _resolve_pages(app, doctree, fromdocname):
     for node in list(doctree.findall(downloads_placeholder)):
         node.replace_self(_downloads_list(app, fromdocname))
@@ -1254,7 +1417,10 @@ def _resolve_pages(app, doctree, fromdocname):
     if _is_chapter(app.env, fromdocname):
         _claims_outputs(app, doctree, fromdocname)
         _run_this_chapter(app, doctree, fromdocname)
+        _lazy_images(doctree)
     _fold_repro_notes(doctree)
+    _figure_alt_text(doctree)
+    _one_word_exercise(doctree)
 
 
 def _single_page_handlers(app):
@@ -1270,6 +1436,10 @@ def _single_page_handlers(app):
     # the one page has every chapter's math and widgets, but Sphinx and myst-nb add
     # MathJax and the widget manager only to a page whose own source has them
     app.set_html_assets_policy("always")
+    # and every formula typeset before printing, not when it comes near the screen
+    config = dict(app.config.mathjax3_config or {})
+    config.pop("loader", None)
+    app.config.mathjax3_config = config
     for path, attributes in (app.config.nb_ipywidgets_js or {}).items():
         app.add_js_file(path, **attributes)
 
@@ -1302,4 +1472,5 @@ def setup(app):
     app.connect("doctree-resolved", _resolve_pages)
     app.connect("build-finished", _publish, priority=900)
     app.connect("build-finished", _frames_to_files, priority=950)
+    app.connect("build-finished", _drop_icon_script, priority=960)
     return {"parallel_read_safe": True, "parallel_write_safe": True, "env_version": 2}

@@ -55,6 +55,9 @@ __all__ = [
     "MARGIN_RULE",
     "registry",
     "registry_path",
+    "ledger_status",
+    "LEDGER_STATUSES",
+    "PHENOMENON_FIELDS",
 ]
 
 MARGIN_RULE = (
@@ -89,6 +92,36 @@ def registry_path() -> Path:
         "no claims registry: book/claims.yml was not found from the working "
         f"directory {here} upwards; set FMLAB_CLAIMS_REGISTRY to its path"
     )
+
+
+# The reproduction ledger (``phenomena`` in the registry): one row per phenomenon of the
+# sources. A row's fields, and which of them can change its status:
+PHENOMENON_FIELDS = {
+    "chapter": "the chapter that studies it",
+    "title": "the phenomenon, as one sentence",
+    "paper": "the source's number, or what the source states",
+    "caveat": "what limits the result against the paper's (demotes reproduced)",
+    "note": "what describes the result without limiting it (never changes the status)",
+    "retired": "a key moved to the paper's level, with its old numbers",
+}
+LEDGER_STATUSES = ("reproduced", "partly", "not reproduced", "not studied")
+
+
+def ledger_status(held: Sequence[bool], caveat: str | None = None) -> str:
+    """A ledger row's status, from its keys' verdicts alone (``held``: each key of the
+    phenomenon claimed and verified by this build) and its ``caveat``:
+
+    *not studied*: the phenomenon has no key; *not reproduced*: no key holds;
+    *partly*: some keys hold, or all do but a caveat limits the result; *reproduced*:
+    every key holds and nothing limits it. A row's ``note`` describes the result and
+    is not an argument: it never changes the status.
+    """
+    held = [bool(h) for h in held]
+    if not held:
+        return "not studied"
+    if all(held):
+        return "partly" if (caveat or "").strip() else "reproduced"
+    return "partly" if any(held) else "not reproduced"
 
 
 _REGISTRY_CACHE: dict = {}

@@ -24,10 +24,13 @@ REQUIRED_KEYS = [
     "ch3.lpft_minus_lp_id",
     "ch3.feature_change_ratio_10x",
     "ch3.lp_minus_scratch_ood",
-    "ch4.prompt_minus_standard_k_small",
-    "ch4.entk_minus_ft_prompt",
+    "ch4.prompt_minus_standard_k16",
+    "ch4.entk_minus_ft_validated",
+    "ch4.asigngd_minus_adam_validated",
     "ch4.entk_steps_minus_ft_prompt",
-    "ch4.lora_kernel_error_slope",
+    "ch4.prompt_kernel_change_validated_below_2",
+    "ch4.lora_kernel_error_slope_half",
+    "ch4.second_world_contrast",
     "ch5.sgd_trace_drop",
     "ch5.encoder_trace_ratio_adv",
     "ch5.width_transfer_gain",
@@ -157,3 +160,88 @@ def test_statement_math_is_typeset_like_the_prose(claims):
             if kind == "math":
                 assert f"\\({tex}\\)" in page, f"{r['document']}: {tex} not typeset"
                 assert f"\\({tex}\\)" in index, f"claims page: {tex} not typeset"
+
+
+# --- the ledger's status rule (no build needed) ------------------------------------
+
+
+def _ext():
+    import importlib.util
+
+    path = ROOT / "book" / "_ext" / "fmlab_sphinx.py"
+    spec = importlib.util.spec_from_file_location("fmlab_sphinx_ledger", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_rows_status_comes_from_its_keys_and_only_a_caveat_demotes():
+    from fmlab.claims import ledger_status
+
+    assert ledger_status([]) == "not studied"
+    assert ledger_status([True, True]) == "reproduced"
+    assert ledger_status([True, True], caveat="the whole model is not sharper") == (
+        "partly"
+    )
+    assert ledger_status([True, True], caveat="  ") == "reproduced"
+    assert ledger_status([True, False]) == "partly"
+    assert ledger_status([False, False]) == "not reproduced"
+    assert ledger_status([False], caveat="anything") == "not reproduced"
+
+
+def test_ledger_rows_a_note_never_changes_the_status():
+    ext = _ext()
+    registry = {
+        "keys": {
+            "ch9.a": {"phenomenon": "described"},
+            "ch9.b": {"phenomenon": "limited"},
+            "ch9.c": {"phenomenon": "measured"},
+        },
+        "phenomena": {
+            "described": {"chapter": 9, "title": "t", "note": "with a prompt"},
+            "limited": {"chapter": 9, "title": "t", "caveat": "a part only"},
+            "measured": {"chapter": 9, "title": "t", "note": "why it fails"},
+            "unstudied": {"chapter": 9, "title": "t", "note": "later"},
+        },
+    }
+    by_key = {
+        "ch9.a": ("doc", {"verified": True, "claimed": True}),
+        "ch9.b": ("doc", {"verified": True}),
+        "ch9.c": ("doc", {"verified": True, "claimed": False}),  # measured: not held
+    }
+    status = {r["id"]: r["status"] for r in ext.ledger_rows(registry, by_key)}
+    assert status == {
+        "described": "reproduced",
+        "limited": "partly",
+        "measured": "not reproduced",
+        "unstudied": "not studied",
+    }
+
+
+def test_every_ledger_row_uses_the_registered_fields():
+    import yaml
+
+    from fmlab.claims import PHENOMENON_FIELDS
+
+    data = yaml.safe_load((ROOT / "book" / "claims.yml").read_text(encoding="utf-8"))
+    for pid, row in data["phenomena"].items():
+        unknown = set(row) - set(PHENOMENON_FIELDS)
+        assert not unknown, f"ledger row {pid}: unknown fields {sorted(unknown)}"
+
+
+@pytest.mark.parametrize("chapter", [1, 2, 3, 5])
+def test_a_caveat_stands_only_where_it_can_demote(chapter):
+    """A caveat limits a result whose keys are all claimed (it turns reproduced into
+    partly); on a row with a measured key it could change nothing, so what it says
+    there describes the result and belongs in the row's note."""
+    import yaml
+
+    data = yaml.safe_load((ROOT / "book" / "claims.yml").read_text(encoding="utf-8"))
+    for pid, row in data["phenomena"].items():
+        if row["chapter"] != chapter or not row.get("caveat"):
+            continue
+        keys = [e for e in data["keys"].values() if e["phenomenon"] == pid]
+        assert keys and all(e["status"] == "claimed" for e in keys), (
+            f"ledger row {pid}: a caveat on a row whose keys are not all claimed "
+            "changes nothing; write it as the row's note"
+        )
