@@ -509,7 +509,9 @@ def final_checkpoint_table(pre: Pretraining, itf: Interface, cfg: Chapter1Config
 
 
 def ranking_sentence(pre: Pretraining, itf: Interface, cfg: Chapter1Config) -> Markdown:
-    """How the pretraining loss, the actual excess L* and the bound rank the models."""
+    """Whether the pretraining loss and the mean excess L* rank the models alike, and
+    whether, each on its own task, the actual excess and the bound do, said in words
+    (the orders themselves are in :func:`final_checkpoint_table`)."""
     rows = _final_rows(pre, itf, cfg)
 
     def order(v):
@@ -523,17 +525,14 @@ def ranking_sentence(pre: Pretraining, itf: Interface, cfg: Chapter1Config) -> M
         order(rows["excess L*, own task"]),
         order(rows["bound, own task"]),
     )
-    same = "the same order" if by_pre == by_mean else "a different order"
+    pre_vs_mean = "the same way" if by_pre == by_mean else "differently"
+    own_vs_bound = "the same way" if by_own == by_bound else "differently"
     return Markdown(
-        "Ranked from best to worst, the pretraining loss orders the models "
-        f"{by_pre}; their mean excess $L^\\star_{{\\text{{adapt}}}}$ over the ten "
-        "tasks "
-        f"orders them {by_mean}, {same}. Each on its own task (as in the decomposition "
-        f"experiment), the actual excess orders them {by_own}, and the bound "
-        "$\\kappa_s(L_{\\text{pre}}-L^{\\text{Bayes}}_{\\text{pre}})$ orders them "
-        f"{by_bound}"
-        + (", the same order" if by_own == by_bound else ", a different order")
-        + "."
+        "The pretraining loss and the mean excess $L^\\star_{\\text{adapt}}$ over the "
+        f"ten tasks rank the models {pre_vs_mean}; each on its own task (as in "
+        "the decomposition experiment), the actual excess and the bound "
+        "$\\kappa_s(L_{\\text{pre}}-L^{\\text{Bayes}}_{\\text{pre}})$ rank them "
+        f"{own_vs_bound} (the table above gives every model's numbers)."
     )
 
 
