@@ -263,11 +263,11 @@ def worlds_config(record: dict) -> WorldsConfig:
 
 
 #: The slice the tests rerun (under another rounding path than the record's): a tiny
-#: transformer, two training runs, 40 steps, one world, 200 prompts; seconds.
+#: transformer, three training runs, 40 steps, one world, 200 prompts; seconds.
 WORLDS_SLICE = dict(
     scale="tiny",
     offsets=(0,),
-    model_seeds=(0, 1),
+    model_seeds=(0, 1, 2),
     eval_seeds=(1, 2),
     n_prompts=200,
     bayes_eps=(0.15,),
@@ -277,11 +277,13 @@ WORLDS_SLICE = dict(
 
 def worlds_slice(record: dict | None = None, device="cpu") -> dict:
     """Run the slice (the config ``record``, by default :data:`WORLDS_SLICE`) in its
-    first world: the per-run gains, the quantities that
-    :func:`fmlab.stored.compare_runs` compares."""
+    first world: the gains of each training run (the replicates, first axis) at each
+    ``k`` and evaluation seed, the quantities that :func:`fmlab.stored.compare_runs`
+    compares."""
     config = WorldsConfig(**WORLDS_SLICE) if record is None else worlds_config(record)
     out = worlds_run(config, config.offsets[0], device=device)
-    return {"gain": [out["gain"][str(k)] for k in config.ks]}
+    runs = range(len(config.model_seeds))
+    return {"gain": [[out["gain"][str(k)][r] for k in config.ks] for r in runs]}
 
 
 def worlds_results(path: Path | str | None = None, *, paper: bool = False):
