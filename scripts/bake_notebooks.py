@@ -26,18 +26,22 @@ book's pages do:
   book's own directives (``{fmlab-repro-notes}``: only the build can fill them) a line
   that points to the book's page, and a Markdown cell left empty is removed.
 
-Code cells and their outputs are not touched, so nbval (which compares code cells'
-outputs) and a rerun of the notebook see the notebook as executed. Directives
-(definitions, theorems, proofs, exercises) and labelled equations stay MyST: JupyterLab
-renders them with the ``jupyterlab-myst`` extension. ``scripts/execute_chapters.py``
-bakes every chapter it exports to ``_build/executed``, the notebooks that the site
-offers as the ".ipynb (executed)" download.
+Code cells and their outputs are not touched (but for ``--lab``'s first frames,
+below), so nbval (which compares code cells' outputs) and a rerun of the notebook see
+the notebook as executed. Directives (definitions, theorems, proofs, exercises) and
+labelled equations stay MyST: JupyterLab renders them with the ``jupyterlab-myst``
+extension. ``scripts/execute_chapters.py``
+bakes every chapter it exports to ``_build/executed`` (what nbval compares), and
+``scripts/build_downloads.py`` bakes those again with ``--lab``: the notebooks the
+site offers as each chapter's ".ipynb (executed)" download, numbered as the book.
 
 ``--lab`` (``make lab``, into ``_build/lab``) also prepares a notebook for JupyterLab
 with ``jupyterlab-myst``: front matter in the first cell numbers its definitions,
 theorems, exercises and equations as the book does ("Theorem 6.1", "(6.4)");
 unlabelled equations and proofs are unnumbered, as in the book; each figure's numbered
-caption follows it as a Markdown cell; the code cells that the book folds
+caption follows it as a Markdown cell; each slider figure's output carries its first
+frame as a PNG, shown until the chapter runs (JupyterLab restores no widget state in a
+notebook it does not trust); the code cells that the book folds
 (``hide-input``) are folded, and those it removes (``remove-cell``) are folded with
 their outputs.
 """
@@ -491,6 +495,15 @@ BUILD_ONLY = re.compile(
 )
 
 
+# "see exercise {ref}`label`": the reference's text is "Exercise 1.3" itself
+DOUBLED_EXERCISE = re.compile(r"\b[Ee]xercise\s+(\[?)Exercise\b")
+
+
+def _one_word_exercise(text: str) -> str:
+    """ "(exercise Exercise 1.3)" reads "(Exercise 1.3)", as on the book's pages."""
+    return DOUBLED_EXERCISE.sub(r"\1Exercise", text)
+
+
 def _build_only(text: str) -> str:
     """The book's own directives (``{fmlab-repro-notes}``, ...; book/_ext), which only
     its build can fill, become a line that points to the page."""
@@ -544,6 +557,57 @@ def _has_caption_after(cells: list, cell) -> bool:
     )
 
 
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+
+
+def first_frame(models: dict, model_id: str) -> str | None:
+    """The base64 PNG a slider figure (``fmlab.slider_figure``) shows before its slider
+    moves: the first image in the view's children, a stack followed only into its
+    selected child; None when the view has no PNG image."""
+    model = models.get(model_id)
+    if model is None:
+        return None
+    state = model.get("state", {})
+    if model.get("model_name") == "ImageModel":
+        if state.get("format", "png") != "png":
+            return None
+        for buf in model.get("buffers", []):
+            if buf.get("path") == ["value"] and buf.get("encoding") == "base64":
+                return buf["data"]
+        return None
+    children = [str(c).removeprefix("IPY_MODEL_") for c in state.get("children", [])]
+    if model.get("model_name") == "StackModel":
+        index = state.get("selected_index")
+        children = [] if index is None else children[index : index + 1]
+    for child in children:
+        frame = first_frame(models, child)
+        if frame:
+            return frame
+    return None
+
+
+def _slider_frames(nb) -> int:
+    """Each slider figure's output also carries its first frame as a PNG. JupyterLab
+    restores no widget state in a notebook it does not trust (a downloaded one), and
+    then shows the richest safe type of the output: the frame, not a line of
+    ``VBox(children=(…``. Run, the cell draws the live slider in its place."""
+    models = ((nb.metadata.get("widgets") or {}).get(WIDGET_STATE) or {}).get(
+        "state"
+    ) or {}
+    added = 0
+    for cell in nb.cells:
+        for output in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            data = output.get("data") or {}
+            if WIDGET_VIEW not in data or "image/png" in data:
+                continue
+            frame = first_frame(models, data[WIDGET_VIEW].get("model_id", ""))
+            if frame:
+                data["image/png"] = frame
+                added += 1
+    return added
+
+
 def bake_notebook(nb, book: Book, doc: str, lab: bool = False):
     """A copy of the executed notebook ``nb`` (the page ``doc`` of ``book``, e.g.
     ``notebooks/06-in-context-learning``), its Markdown baked (see the module's
@@ -554,7 +618,7 @@ def bake_notebook(nb, book: Book, doc: str, lab: bool = False):
     for cell in nb.cells:
         if cell.cell_type == "markdown":
             text = _build_only(_gated_solution(page, cell.source))
-            text = _bake_text(page, text)
+            text = _one_word_exercise(_bake_text(page, text))
             if lab:
                 text = _lab_markdown(text)
             if not text.strip():
@@ -583,6 +647,8 @@ def bake_notebook(nb, book: Book, doc: str, lab: bool = False):
                 note.id = f"{cell.id}-caption"[:64]
             cells.append(note)
     nb.cells = cells
+    if lab:
+        _slider_frames(nb)
     first = nb.cells[0] if nb.cells else None
     if lab and first and first.cell_type == "markdown":
         if not first.source.startswith("---\nnumbering:"):  # not baked for lab yet

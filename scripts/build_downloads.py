@@ -11,6 +11,11 @@
   --no-deps``), with the claims registry ``book/claims.yml`` inside it as package data
   (``fmlab/_registry/claims.yml``), so that a chapter run outside the source tree can
   find it;
+- ``notebooks/<chapter>.ipynb``: every executed chapter of ``_build/executed`` baked for
+  Jupyter as ``make lab`` bakes it (``scripts/bake_notebooks.py --lab``): its text
+  reads as the page does and is numbered as the book ("Theorem 6.1", "(6.4)"), and
+  each slider figure shows its first frame as an image until the chapter runs. The
+  site offers it as each chapter's ".ipynb (executed)" download;
 - ``manifest.json``: the two file names, the commit, its date, whether the working
   tree had uncommitted changes, and the build time. The book's Sphinx extension reads
   it to link the files from the landing page, the preface, how-to-run and every
@@ -108,9 +113,30 @@ def _wheel(out: Path) -> str:
         return wheel.name
 
 
+def _notebooks(out: Path, executed: Path) -> list[str]:
+    """The executed chapters, baked for Jupyter and numbered as the book."""
+    if not any(executed.glob("*.ipynb")):
+        return []
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "bake_notebooks", ROOT / "scripts" / "bake_notebooks.py"
+    )
+    bake = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bake)
+    written = bake.bake_folder(executed, out / "notebooks", lab=True)
+    return [p.name for p in written]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "_build" / "downloads")
+    parser.add_argument(
+        "--executed",
+        type=Path,
+        default=ROOT / "_build" / "executed",
+        help=argparse.SUPPRESS,
+    )
     args = parser.parse_args(argv)
     out = args.out
     if out.exists():
@@ -126,12 +152,14 @@ def main(argv=None) -> int:
         "version": version,
         "archive": _archive(out, sha),
         "wheel": _wheel(out),
+        "notebooks": _notebooks(out, args.executed),
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     sizes = ", ".join(
         f"{manifest[k]} ({(out / manifest[k]).stat().st_size / 2**20:.1f} MB)"
         for k in ("archive", "wheel")
     )
+    sizes += f", {len(manifest['notebooks'])} executed chapters baked for Jupyter"
     print(f"build_downloads: {sizes}" + (" [uncommitted changes]" if dirty else ""))
     return 0
 

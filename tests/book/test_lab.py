@@ -284,3 +284,24 @@ def test_chapter_reads_in_jupyterlab(baked, browser, lab):
     )
     assert not unresolved, f"unresolved citations or references: {unresolved[:5]}"
     assert "Xie et al. (2022)" in flat, "the citation of Xie et al. is not rendered"
+
+    # (c) the slider figure shows its first frame before the chapter runs (JupyterLab
+    # restores no widget state in a notebook it does not trust), not a line of
+    # "VBox(children=(…"
+    as_text = driver.execute_script(
+        "return Array.from(document.querySelectorAll('.jp-OutputArea-output'))"
+        ".map(o => o.innerText.trim()).filter(t => /^[A-Z][A-Za-z]*Box\\(children/"
+        ".test(t)).length"
+    )
+    assert not as_text, f"{as_text} slider figures show as text (screenshot: {shot})"
+    frame = driver.execute_script(
+        "const i = Array.from(document.querySelectorAll("
+        "'.jp-OutputArea-output img')).filter(i => i.naturalWidth > 0);"
+        "const f = i.find(i => i.closest('.jp-Cell') && i.closest('.jp-Cell')"
+        "  .innerText.includes('slider'));"
+        "if (f) f.scrollIntoView({block: 'center'});"
+        "return i.length"
+    )
+    assert frame > 0, "no figure is shown as an image"
+    time.sleep(0.5)
+    _screenshot(driver, f"lab-{Path(PAGE).name}-slider")
