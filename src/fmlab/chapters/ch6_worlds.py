@@ -278,12 +278,15 @@ WORLDS_SLICE = dict(
 def worlds_slice(record: dict | None = None, device="cpu") -> dict:
     """Run the slice (the config ``record``, by default :data:`WORLDS_SLICE`) in its
     first world: the gains of each training run (the replicates, first axis) at each
-    ``k`` and evaluation seed, the quantities that :func:`fmlab.stored.compare_runs`
-    compares."""
+    ``k`` and evaluation seed, and each run's validation loss, the quantities that
+    :func:`fmlab.stored.compare_runs` compares."""
     config = WorldsConfig(**WORLDS_SLICE) if record is None else worlds_config(record)
     out = worlds_run(config, config.offsets[0], device=device)
     runs = range(len(config.model_seeds))
-    return {"gain": [[out["gain"][str(k)][r] for k in config.ks] for r in runs]}
+    return {  # the validation losses too: gains on 200 prompts rarely move a bit
+        "gain": [[out["gain"][str(k)][r] for k in config.ks] for r in runs],
+        "val_loss": out["val_loss"],
+    }
 
 
 def worlds_results(path: Path | str | None = None, *, paper: bool = False):
