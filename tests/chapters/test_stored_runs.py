@@ -166,6 +166,13 @@ def reruns() -> dict:
     return out
 
 
+# Slices whose rerun under the other capability came out bit for bit (measured): the
+# width-16 GINC transformer of Chapter 6's slice takes no kernel whose AVX2 and default
+# paths differ, with or without its validation losses. Its check still runs; a slice
+# large enough to take another path (e.g. width 64) needs a restamp of its file.
+SAME_BITS = {"ch6_worlds"}
+
+
 @pytest.mark.parametrize("name", sorted(RUNS))
 def test_the_slice_reruns_to_its_record_on_another_rounding_path(name, reruns):
     """The check that holds on any machine: the record's CPU capability is not the
@@ -178,7 +185,10 @@ def test_the_slice_reruns_to_its_record_on_another_rounding_path(name, reruns):
     assert capability != record["environment"]["cpu_capability"]
     res = stored.compare_runs(record["result"], out)
     assert res["ok"], res
-    assert not res["bitwise"], "the rerun took the record's own rounding path"
+    if name in SAME_BITS:  # measured: this slice's kernels round alike on both paths
+        assert res["bitwise"], f"{name}: now differs; drop it from SAME_BITS"
+    else:
+        assert not res["bitwise"], "the rerun took the record's own rounding path"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU on this machine")
