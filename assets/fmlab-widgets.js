@@ -205,9 +205,19 @@
       figure.reveal();
       if (/\\\(|\$/.test(holder.innerHTML)) typeset(holder);
     });
+    // when the sliders were drawn (the browser test reads it)
+    window.fmlabSlidersDrawnAt = window.fmlabSlidersDrawnAt || performance.now();
   }
+  // Loaded async: draw as soon as the page is parsed ("interactive"), without waiting
+  // for the deferred scripts (MathJax is over a megabyte), which DOMContentLoaded does.
+  // Formulas in a slider's labels are typeset by MathJax's own first pass when it
+  // starts after the sliders are drawn, or by typeset() when it started before.
   if (document.readyState === "loading") {
-    document.addEventListener("DOMContentLoaded", start);
+    document.addEventListener("readystatechange", function once() {
+      if (document.readyState === "loading") return;
+      document.removeEventListener("readystatechange", once);
+      start();
+    });
   } else {
     start();
   }
