@@ -521,6 +521,20 @@ def _screenshot_phone(driver, name: str) -> None:
     )
 
 
+def _full_line(driver) -> None:
+    """Ends a slow-line emulation: no throttling, the cache on again."""
+    driver.execute_cdp_cmd(
+        "Network.emulateNetworkConditions",
+        {
+            "offline": False,
+            "latency": 0,
+            "downloadThroughput": -1,
+            "uploadThroughput": -1,
+        },
+    )
+    driver.execute_cdp_cmd("Network.setCacheDisabled", {"cacheDisabled": False})
+
+
 @pytest.mark.parametrize("page", CHAPTERS)
 def test_chapter_paints_fast_on_a_slow_line(page, server, browser):
     """On a 10 Mbit/s line with 40 ms latency and an empty browser cache, a chapter's
@@ -546,16 +560,7 @@ def test_chapter_paints_fast_on_a_slow_line(page, server, browser):
             "return performance.getEntriesByName('first-contentful-paint')[0].startTime"
         )
     finally:
-        driver.execute_cdp_cmd(
-            "Network.emulateNetworkConditions",
-            {
-                "offline": False,
-                "latency": 0,
-                "downloadThroughput": -1,
-                "uploadThroughput": -1,
-            },
-        )
-        driver.execute_cdp_cmd("Network.setCacheDisabled", {"cacheDisabled": False})
+        _full_line(driver)
     PAINTS[page] = (paint, size)
     assert paint < FIRST_PAINT_MS, f"{page}: first contentful paint {paint:.0f} ms"
 
@@ -773,16 +778,7 @@ def test_slider_page_usable_fast_on_a_slow_line(page, server, browser):
             raise AssertionError(f"{page}: moving the slider showed no other frame")
         usable = driver.execute_script("return performance.now()")
     finally:
-        driver.execute_cdp_cmd(
-            "Network.emulateNetworkConditions",
-            {
-                "offline": False,
-                "latency": 0,
-                "downloadThroughput": -1,
-                "uploadThroughput": -1,
-            },
-        )
-        driver.execute_cdp_cmd("Network.setCacheDisabled", {"cacheDisabled": False})
+        _full_line(driver)
     USABLE[page] = (ready, load, loaded, usable - scrolled, usable)
     assert not manager, f"{page}: the page loaded the widget manager"
     assert drawn >= views, f"{page}: {drawn} sliders drawn for {views} slider figures"
