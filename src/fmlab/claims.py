@@ -132,15 +132,38 @@ def registry() -> dict:
     path = registry_path()
     stamp = (str(path), path.stat().st_mtime_ns)
     if _REGISTRY_CACHE.get("stamp") != stamp:
-        import yaml
-
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = _load_yaml(path)
         keys = data.get("keys") or {}
         phenomena = data.get("phenomena") or {}
         for key, entry in keys.items():
             _check_entry(key, entry, phenomena)
         _REGISTRY_CACHE.update(stamp=stamp, keys=keys, phenomena=phenomena)
     return _REGISTRY_CACHE["keys"]
+
+
+def _load_yaml(path) -> dict:
+    """The registry file, refusing a mapping that names one field twice (YAML would
+    silently keep the last, so a second ``caveat`` of a ledger row would hide the
+    first)."""
+    import yaml
+
+    class _Strict(yaml.SafeLoader):
+        pass
+
+    def mapping(loader, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            name = loader.construct_object(key_node, deep=deep)
+            if name in seen:
+                raise ValueError(
+                    f"claims registry {path}, line {key_node.start_mark.line + 1}: "
+                    f"{name!r} is given twice in one entry"
+                )
+            seen.add(name)
+        return loader.construct_mapping(node, deep)
+
+    _Strict.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    return yaml.load(path.read_text(encoding="utf-8"), Loader=_Strict) or {}
 
 
 def _check_entry(key: str, entry: dict, phenomena: dict) -> None:

@@ -249,3 +249,14 @@ def test_strength_is_the_mean_over_three_standard_errors():
     e = SeedEffect.of([1.0, 2.0, 3.0])
     assert math.isclose(e.strength(), 2.0 / (3 * e.se))
     assert math.isclose(e.strength(null=3.0, direction="<"), 1.0 / (3 * e.se))
+
+
+def test_registry_refuses_a_field_given_twice(test_registry):
+    text = test_registry.read_text().replace(
+        "  p: {chapter: 9, title: t, paper: none}",
+        "  p:\n    chapter: 9\n    title: t\n    paper: none\n"
+        "    caveat: one\n    caveat: two",
+    )
+    test_registry.write_text(text)
+    with pytest.raises(ValueError, match="'caveat' is given twice"):
+        fmlab.claims.registry()
