@@ -200,10 +200,13 @@ def _fit(fig, bbox):
         )
         return box.width
 
-    width = measure()
+    width, last = measure(), None
     for step in range(5):
         if abs(width - target) * PX_PER_INCH < 2:
             break
+        if last is not None and abs(width - last) * PX_PER_INCH < 2:
+            break  # resizing no longer moves the width (e.g. axes of fixed aspect)
+        last = width
         w, h = fig.get_size_inches()
         new_w = max(w * target / width, 1.0)
         if step == 0:
