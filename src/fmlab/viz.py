@@ -200,21 +200,28 @@ def _fit(fig, bbox):
         )
         return box.width
 
-    width, last = measure(), None
+    width = measure()
+    seen = []  # (figure width, measured width) at the height fixed by the first resize
     for step in range(5):
         if abs(width - target) * PX_PER_INCH < 2:
             break
-        if last is not None and abs(width - last) * PX_PER_INCH < 2:
-            break  # resizing no longer moves the width (e.g. axes of fixed aspect)
-        last = width
-        w, h = fig.get_size_inches()
-        new_w = max(w * target / width, 1.0)
+        w = fig.get_size_inches()[0]
         if step == 0:
+            new_w = max(w * target / width, 1.0)
             # the height follows the width less than proportionally (square root),
             # so that a row of four panels squeezed to the column keeps some height
             fig.set_size_inches(new_w, h0 * (new_w / w0) ** 0.5)
         else:
-            fig.set_size_inches(new_w, fig.get_size_inches()[1])
+            seen.append((w, width))
+            if len(seen) < 2:
+                new_w = w * target / width
+            else:  # the secant through the last two sizes: text of fixed size adds
+                (wa, ma), (wb, mb) = seen[-2:]  # a constant that the ratio ignores
+                slope = (mb - ma) / (wb - wa) if wb != wa else 0.0
+                if abs(mb - ma) * PX_PER_INCH < 2 or slope < 0.05:
+                    break  # resizing no longer moves the width (axes of fixed aspect)
+                new_w = min(max(wb + (target - mb) / slope, wb / 2), 2 * wb)
+            fig.set_size_inches(max(new_w, 1.0), fig.get_size_inches()[1])
         width = measure()
     return width, box
 
