@@ -155,20 +155,21 @@ def test_wheel_installs_and_a_downloaded_chapter_runs(tmp_path):
         for r in json.loads((ROOT / "_build" / "claims.json").read_text())
         if r.get("key")
     }
+    runs = {}  # both chapters at once, each in its own kernel on its own core
     for chapter in WHEEL_CHAPTERS:
         notebook = tmp_path / f"{Path(chapter).name}.ipynb"
         notebook.write_bytes((HTML / "_sources" / f"{chapter}.ipynb").read_bytes())
         log = tmp_path / f"{Path(chapter).name}.jsonl"
         env = dict(os.environ)
         env.update(
-            FMLAB_CACHE_DIR=str(tmp_path / "models"),
+            FMLAB_CACHE_DIR=str(tmp_path / f"models-{Path(chapter).name}"),
             FMLAB_CLAIMS_LOG=str(log),
             FMLAB_PROGRESS="0",
             OMP_NUM_THREADS="1",
         )
         env.pop("PYTHONPATH", None)
         env.pop("FMLAB_CLAIMS_REGISTRY", None)
-        run = subprocess.run(
+        proc = subprocess.Popen(
             [
                 python,
                 "-c",
@@ -178,24 +179,37 @@ def test_wheel_installs_and_a_downloaded_chapter_runs(tmp_path):
                 "print(sum(bool(c.get('outputs')) for c in nb.cells))",
                 str(notebook),
             ],
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
             cwd=tmp_path,
             env=env,
-            timeout=900,
         )
-        assert run.returncode == 0, (
-            f"{chapter} failed in the fresh environment:\n{run.stderr[-3000:]}"
+        runs[chapter] = (proc, log)
+    try:
+        for chapter, (proc, log) in runs.items():
+            _check_downloaded_run(chapter, proc, log, build)
+    finally:
+        for proc, _ in runs.values():
+            if proc.poll() is None:
+                proc.kill()
+
+
+def _check_downloaded_run(chapter, proc, log, build):
+    """Wait for one downloaded chapter's run; its keyed values must be the build's."""
+    _, stderr = proc.communicate(timeout=900)
+    assert proc.returncode == 0, (
+        f"{chapter} failed in the fresh environment:\n{stderr[-3000:]}"
+    )
+    keyed = {
+        r["key"]: r.get("value")
+        for r in map(json.loads, log.read_text().splitlines())
+        if r.get("key")
+    }
+    expected = {k: v for (doc, k), v in build.items() if doc == chapter}
+    assert expected, f"the build recorded no keyed claim of {chapter}"
+    assert set(keyed) == set(expected), f"{chapter}: other keys than the build's"
+    for key, value in expected.items():
+        assert keyed[key] == pytest.approx(value, rel=1e-9, abs=1e-12), (
+            f"{chapter}: {key} is {keyed[key]} from the wheel, {value} in the build"
         )
-        keyed = {
-            r["key"]: r.get("value")
-            for r in map(json.loads, log.read_text().splitlines())
-            if r.get("key")
-        }
-        expected = {k: v for (doc, k), v in build.items() if doc == chapter}
-        assert expected, f"the build recorded no keyed claim of {chapter}"
-        assert set(keyed) == set(expected), f"{chapter}: other keys than the build's"
-        for key, value in expected.items():
-            assert keyed[key] == pytest.approx(value, rel=1e-9, abs=1e-12), (
-                f"{chapter}: {key} is {keyed[key]} from the wheel, {value} in the build"
-            )
