@@ -304,6 +304,8 @@ def main(argv=None) -> int:
                 flush=True,
             )
             results.append(res)
+            if args.store is not None:  # each run as it ends: a stopped run keeps it
+                store([res], args.store)
     table, ok = _table(results, sorted(set(args.offsets)))
     ok &= not any(r["errors"] for r in results)
     print()
