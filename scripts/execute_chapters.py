@@ -127,8 +127,10 @@ def _fingerprint(path: Path) -> str:
     """The hash of the fmlab code this chapter's outputs depend on (its own modules
     and every fmlab module they import, transitively:
     :func:`fmlab.repro.code_fingerprint`), of its
-    stored results (``fmlab/chapters/results/chN_*.json``) and of its entries in the
-    claims registry (a key's status or null decides what the page prints)."""
+    stored results (``fmlab/chapters/results/chN_*.json``) and of its keys in the
+    claims registry (a key's status or null decides what the page prints). The ledger
+    rows (``phenomena``) are left out: the site renders them at build time and no
+    output of a page prints them, so editing a caveat re-executes nothing."""
     from fmlab.repro import code_fingerprint
 
     number = path.name[:2]
@@ -143,12 +145,9 @@ def _fingerprint(path: Path) -> str:
         h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
     registry = yaml.safe_load(REGISTRY.read_text()) or {}
     mine = {
-        part: {
-            k: v
-            for k, v in (registry.get(part) or {}).items()
-            if v.get("chapter") == int(number)
-        }
-        for part in ("keys", "phenomena")
+        k: v
+        for k, v in (registry.get("keys") or {}).items()
+        if v.get("chapter") == int(number)
     }
     h.update(json.dumps(mine, sort_keys=True, default=str).encode())
     return h.hexdigest()[:16]

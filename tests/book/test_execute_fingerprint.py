@@ -1,7 +1,7 @@
 """The build's key for a chapter page's executed outputs (scripts/execute_chapters.py):
 a stored result of a chapter (``fmlab/chapters/results/chN_*.json``, written by a script
-outside the build) or a change to its entries in the claims registry re-executes that
-chapter's pages and no other."""
+outside the build) or a change to its keys in the claims registry re-executes that
+chapter's pages and no other; a ledger row's edit re-executes none."""
 
 import importlib.util
 import os
@@ -52,6 +52,21 @@ def test_a_registry_entry_changes_only_its_chapters_fingerprint(tmp_path, monkey
     assert old in text
     registry.write_text(text.replace(old, old.replace("claimed", "measured")))
     assert ex._fingerprint(page3) != before3 and ex._fingerprint(page4) == before4
+
+
+def test_a_ledger_row_reexecutes_nothing(tmp_path, monkeypatch):
+    # the site renders the ledger at build time; no page output prints a row
+    ex = _module()
+    registry = tmp_path / "claims.yml"
+    text = (ROOT / "book" / "claims.yml").read_text()
+    registry.write_text(text)
+    monkeypatch.setattr(ex, "REGISTRY", registry)
+    page3 = ROOT / "notebooks" / "03-lp-vs-ft.ipynb"
+    before = ex._fingerprint(page3)
+    old = "    title: LP-FT beats LP both in and out of distribution\n"
+    assert old in text
+    registry.write_text(text.replace(old, old.replace("beats", "is ahead of")))
+    assert ex._fingerprint(page3) == before
 
 
 def test_execution_counts_what_the_model_cache_computed_and_loaded(
