@@ -62,16 +62,58 @@ def test_a_diverging_run_raises_where_it_happens(prompt, data):
 
 
 def test_the_grid_drops_and_counts_diverged_candidates(prompt, data):
-    configs = [
-        (1.0, ch4w.LogisticFineTuneConfig("sgd", 1e-2, 5)),
-        (2.0, ch4w.LogisticFineTuneConfig("sgd", 1e30, 5)),
-    ]
-    cands = ch4f._fine_tune_grid(prompt, data, "x_prompt", configs, seed=0)
+    grid = [(1.0, 1e-2), (2.0, 1e30)]
+    cands, wide, n = ch4f._fine_tune_grid(prompt, data, "x_prompt", "sgd", grid, 5)
     assert [bool(c.get("diverged")) for c in cands] == [False, True]
     assert cands[1]["val_acc"] < 0 and math.isinf(cands[1]["val_loss"])
     assert ch4w._select(cands)["value"] == 1.0  # the finite candidate is chosen
+    assert wide == [] and n == 0
     with pytest.raises(ch4w.FineTuneDiverged, match="every candidate"):
         ch4w._select(cands[1:])
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_the_stacked_grid_is_the_runs_one_at_a_time(prompt, data, optimizer):
+    # the oracle: fine_tune_logistic, one run at a time, stopped at each checkpoint;
+    # the run at 1e30 diverges at once (as it does alone) and leaves the others as
+    # they are
+    task, x_test = data["train"], data["test"].x_prompt
+    lrs = [1e-2, 3e-2] if optimizer == "adam" else [1e-1, 1.0, 1e30]
+    stops = [(2, 5)] * len(lrs)
+    reads, diverged = ch4f._fine_tune_stacked(
+        prompt, task.x_prompt, task.y, optimizer, lrs, stops
+    )
+    for lr, read, div in zip(lrs, reads, diverged):
+        for t in (2, 5):
+            cfg = ch4w.LogisticFineTuneConfig(optimizer, lr, t)
+            try:
+                alone = ch4w.fine_tune_logistic(prompt, task.x_prompt, task.y, cfg)
+            except ch4w.FineTuneDiverged:
+                assert t not in read and div
+                continue
+            stacked = ch4f._tuned(prompt, read[t])
+            torch.testing.assert_close(
+                ch4w.outputs(stacked, x_test),
+                ch4w.outputs(alone, x_test),
+                rtol=1e-4,
+                atol=1e-4,
+            )
+    if optimizer == "sgd":
+        assert diverged == [False, False, True] and reads[2] == {}
+    together = ch4f._stacked_outputs(prompt, [r[5] for r in reads[:2]], x_test)
+    for row, read in zip(together, reads[:2]):
+        torch.testing.assert_close(
+            row, ch4w.outputs(ch4f._tuned(prompt, read[5]), x_test)
+        )
+
+
+def test_trimming_the_padding_leaves_the_outputs(prompt, lang, data):
+    task = ch4w.few_shot_task(lang, 8, 1)
+    cut = ch4f._trimmed(task, lang.pad_id)
+    assert cut.x_plain.shape[1] < task.x_plain.shape[1]
+    torch.testing.assert_close(
+        ch4w.outputs(prompt, cut.x_prompt), ch4w.outputs(prompt, task.x_prompt)
+    )
 
 
 def test_checkpoints_are_the_shorter_runs(prompt, data):
@@ -93,45 +135,25 @@ def test_checkpoints_are_the_shorter_runs(prompt, data):
         ch4w.fine_tune_logistic(prompt, task.x_prompt, task.y, cfg, checkpoints=(7,))
 
 
-def test_the_wide_grid_keeps_the_checkpoints_before_a_divergence(
-    prompt, data, monkeypatch
-):
-    cfg = ch4f.KernelExperimentConfig(
-        shots=(4,),
-        steps=2,
-        sgd_lr_scales=(1.0,),
-        wide_scales=(1.0, 2.0),
-        wide_checkpoints=(1, 3),
+def test_the_wide_grid_keeps_the_checkpoints_before_a_divergence(prompt, data):
+    grid = [(1.0, 1e30)]  # every lazy run diverges
+    # the wide run at 1e5 reaches its first checkpoint, then diverges (as it does
+    # alone, in fine_tune_logistic with the same checkpoints)
+    wide_runs = [(1.0, 1e-2, (1, 3)), (2.0, 1e5, (1, 3))]
+    lazy, wide, diverged = ch4f._fine_tune_grid(
+        prompt, data, "x_prompt", "sgd", grid, 2, wide=wide_runs
     )
-    j_train = torch.ones(8, 3)  # K̄ = 3: the wide runs' rates are c / 3
-    real = ch4w.fine_tune_logistic
-
-    def diverge_after_first(model, x, y, config, **kw):
-        # the run at c = 2 reaches its first checkpoint, then diverges
-        if config.lr == pytest.approx(2.0 / 3):
-            kw["on_checkpoint"](1, model)
-            raise ch4w.FineTuneDiverged("sgd", config.lr, 2, "the loss")
-        return real(model, x, y, config, **kw)
-
-    monkeypatch.setattr(ch4f, "fine_tune_logistic", diverge_after_first)
-    every_lazy_diverged = [{"val_acc": -1.0, "val_loss": math.inf, "value": 1.0}]
-    every_lazy_diverged[0]["diverged"] = True
-    seen = []
-    real_select = ch4w._select
-    monkeypatch.setattr(ch4f, "_select", lambda c: seen.extend(c) or real_select(c))
-    best, diverged = ch4f._wide_grid(
-        prompt, data, "x_prompt", every_lazy_diverged, j_train, cfg, 0, {}
-    )
-    assert diverged == 1
+    assert diverged == 1 and lazy[0]["diverged"]
+    steps = sorted((c["scale"], c["steps"]) for c in wide)
+    assert steps == [(1.0, 1), (1.0, 3), (2.0, 1)]  # the diverged run's step 1 kept
+    cfg = ch4f.KernelExperimentConfig(shots=(4,), steps=2, sgd_lr_scales=(1.0,))
+    best = ch4f._wide_grid(prompt, data, "x_prompt", lazy, wide, cfg, {})
     # the chosen run's kernel behaviour (the run the paper's Table 7 measures)
     assert best["stats"]["kernel_change"] >= 0
     assert torch.equal(best["test"], best["stats"]["f_ft"])
-    steps = sorted((c["scale"], c["steps"]) for c in seen)
-    assert steps == [(1.0, 1), (1.0, 3), (2.0, 1)]  # the diverged run's step 1 kept
     assert best["test"].shape == data["test"].y.shape
     assert bool(torch.isfinite(best["test"]).all())
-    chosen = [c for c in seen if c is best]
-    assert chosen and all("test" not in c for c in seen if c is not best)
+    assert all("test" not in c for c in wide if c is not best)
 
 
 def test_a_checkpoint_with_a_non_finite_loss_raises(prompt, data):

@@ -9,11 +9,14 @@ runners.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from torch.func import functional_call, vmap
+from torch.nn import functional as F
 
 from .._validate import check_choice, check_float, check_int
 from ..data.sentiment_language import SentimentLanguage
@@ -246,24 +249,147 @@ _DYNAMICS = (
 )
 
 
-def _fine_tune_grid(model0, data, x_key, configs, seed, *, dynamics=None):
-    """Fine-tune ``model0`` with every config; return the candidates scored on the
-    validation set (with test outputs), and the kernel behaviour of each when
-    ``dynamics`` (a dict of Jacobians and outputs at theta_0) is given."""
+def _fine_tune_stacked(model0, x, y, optimizer, lrs, checkpoints):
+    """Full-batch fine-tuning of ``model0`` on the logistic loss at every learning
+    rate of ``lrs`` at once, as one batched model (the parameter sets stacked along a
+    first axis, :func:`torch.func.vmap` over :func:`torch.func.functional_call`): the
+    same steps as :func:`~.ch4_world.fine_tune_logistic` with ``batch_size=None`` run
+    once per rate (``optimizer`` ``"sgd"`` or ``"adam"``, torch's defaults), in one
+    pass of Python per step instead of one per run. Run ``i`` is read after each step
+    count in ``checkpoints[i]`` (its largest is its number of steps).
+
+    Returns ``(reads, diverged)``: per run, ``{t: parameters}`` (the trainable ones by
+    name) for each checkpoint reached with finite weights and a finite loss on the
+    training set, and whether the run diverged (a non-finite loss at a step, or a
+    checkpoint that was not finite): it then leaves the stack, keeping its earlier
+    checkpoints, and the other runs go on unchanged."""
+    names = [n for n, p in model0.named_parameters() if p.requires_grad]
+    theta0 = {n: p.detach() for n, p in model0.named_parameters()}
+    frozen = {n: p for n, p in theta0.items() if n not in names}
+    frozen.update(dict(model0.named_buffers()))
+
+    def f(params, x):
+        return functional_call(model0, {**params, **frozen}, (x,))
+
+    call = vmap(f, in_dims=(0, None))
+    runs = len(lrs)
+    stops = [sorted({int(t) for t in c}) for c in checkpoints]
+    params = {n: theta0[n].expand(runs, *theta0[n].shape).clone() for n in names}
+    moments = {n: (torch.zeros_like(p), torch.zeros_like(p)) for n, p in params.items()}
+    rate = torch.tensor([float(lr) for lr in lrs], dtype=theta0[names[0]].dtype)
+    live = list(range(runs))  # the runs in the stack, in order
+    reads, diverged = [{} for _ in range(runs)], [False] * runs
+
+    def keep(rows):  # the stack without the runs that left it
+        nonlocal params, moments, rate, live
+        index = torch.tensor(rows, dtype=torch.long)
+        params = {n: p[index] for n, p in params.items()}
+        moments = {n: (m[index], v[index]) for n, (m, v) in moments.items()}
+        rate, live = rate[index], [live[r] for r in rows]
+
+    def shaped(r, p):  # a rate per run, broadcast over its parameter
+        return r.view(-1, *([1] * (p.ndim - 1)))
+
+    beta1, beta2, eps = 0.9, 0.999, 1e-8  # torch.optim.Adam's defaults
+    for step in range(max(s[-1] for s in stops)):
+        leaves = {n: p.detach().requires_grad_(True) for n, p in params.items()}
+        losses = F.softplus(-y * call(leaves, x)).mean(1)
+        finite = torch.isfinite(losses).tolist()
+        if not any(finite):
+            for i in live:
+                diverged[i] = True
+            break
+        grads = torch.autograd.grad(  # a parameter the output never reads stays
+            losses[torch.tensor(finite)].sum(),
+            list(leaves.values()),
+            allow_unused=True,
+        )
+        with torch.no_grad():
+            for (n, p), g in zip(leaves.items(), grads):
+                if g is None:
+                    continue
+                if optimizer == "sgd":
+                    params[n] = p - shaped(rate, p) * g
+                    continue
+                m, v = moments[n]
+                m = m.lerp(g, 1 - beta1)
+                v = v * beta2 + (1 - beta2) * g * g
+                moments[n] = (m, v)
+                c1, c2 = 1 - beta1 ** (step + 1), (1 - beta2 ** (step + 1)) ** 0.5
+                denom = v.sqrt() / c2 + eps
+                params[n] = p - shaped(rate / c1, p) * m / denom
+            t = step + 1
+            due = [r for r, i in enumerate(live) if finite[r] and t in stops[i]]
+            if due:  # a checkpoint must be finite, and so its loss
+                loss_t = F.softplus(-y * call(params, x)).mean(1)
+                ok = torch.isfinite(loss_t)
+                for p in params.values():
+                    ok &= torch.isfinite(p).flatten(1).all(1)
+                for r in due:
+                    if bool(ok[r]):
+                        reads[live[r]][t] = {n: p[r] for n, p in params.items()}
+                    else:
+                        finite[r] = False
+        for r, i in enumerate(live):
+            diverged[i] = diverged[i] or not finite[r]
+        rows = [r for r, i in enumerate(live) if finite[r] and t < stops[i][-1]]
+        if not rows:
+            break
+        if len(rows) < len(live):
+            keep(rows)
+    return reads, diverged
+
+
+def _tuned(model0, params):
+    """A copy of ``model0`` with the trainable parameters ``params`` (by name)."""
+    tuned = copy.deepcopy(model0)
+    with torch.no_grad():
+        for n, p in tuned.named_parameters():
+            if n in params:
+                p.copy_(params[n])
+    return tuned.eval()
+
+
+@torch.no_grad()
+def _stacked_outputs(model0, reads, x):
+    """The outputs on ``x`` of ``model0`` with each parameter set of ``reads`` (a
+    list), ``(len(reads), n)``, in one batched call."""
+    frozen = {n: p.detach() for n, p in model0.named_parameters() if n not in reads[0]}
+    frozen.update(dict(model0.named_buffers()))
+    stacked = {n: torch.stack([r[n] for r in reads]) for n in reads[0]}
+
+    def f(params, x):
+        return functional_call(model0, {**params, **frozen}, (x,))
+
+    return vmap(f, in_dims=(0, None))(stacked, x)
+
+
+def _fine_tune_grid(
+    model0, data, x_key, optimizer, grid, steps, *, dynamics=None, wide=()
+):
+    """Fine-tune ``model0`` at every ``(value, lr)`` of ``grid`` for ``steps``
+    full-batch steps, and each wide run ``(scale, lr, checkpoints)``, all at once
+    (:func:`_fine_tune_stacked`); return the grid's candidates scored on the
+    validation set (one per entry of ``grid``; a diverged one scores worst and is
+    marked), with their test outputs and kernel behaviour when ``dynamics`` (a dict of
+    Jacobians and outputs at theta_0) is given, else with their parameters
+    (:func:`_test_outputs` reads the test set for the few that need it); the wide runs'
+    candidates, one per checkpoint reached (``scale``, ``steps``, parameters); and the
+    number of wide runs that diverged."""
+    x, y = getattr(data["train"], x_key), data["train"].y
+    lrs = [lr for _, lr in grid] + [lr for _, lr, _ in wide]
+    stops = [(steps,)] * len(grid) + [c for _, _, c in wide]
+    reads, diverged = _fine_tune_stacked(model0, x, y, optimizer, lrs, stops)
+    flat = [(i, t, p) for i, r in enumerate(reads) for t, p in sorted(r.items())]
+    f_val = (
+        _stacked_outputs(model0, [p for _, _, p in flat], getattr(data["val"], x_key))
+        if flat
+        else None
+    )
+    val = {(i, t): f_val[row] for row, (i, t, _) in enumerate(flat)}
     cands = []
-    for value, ft_config in configs:
-        try:
-            tuned = fine_tune_logistic(
-                model0,
-                getattr(data["train"], x_key),
-                data["train"].y,
-                ft_config,
-                seed=seed,
-            )
-        except FineTuneDiverged:
-            tuned = None
-        diverged = tuned is None
-        if diverged:  # a learning rate too large for this run: dropped and counted
+    for i, (value, _) in enumerate(grid):
+        if steps not in reads[i]:  # diverged: dropped and counted
             cand = {"val_acc": -1.0, "val_loss": math.inf, "value": value}
             cand["diverged"] = True
             f_te = torch.zeros(data["test"].y.shape[0])
@@ -278,15 +404,13 @@ def _fine_tune_grid(model0, data, x_key, configs, seed, *, dynamics=None):
                 }
             cands.append(cand)
             continue
-        f_val = outputs(tuned, getattr(data["val"], x_key))
-        cand = _scored(f_val, data["val"].y, value=value, model=tuned)
-        if dynamics is None:
-            cand["test"] = outputs(tuned, getattr(data["test"], x_key))
-        else:
+        params = reads[i][steps]
+        cand = _scored(val[(i, steps)], data["val"].y, value=value, params=params)
+        if dynamics is not None:
             stats = kernel_behaviour(
                 model0,
-                tuned,
-                getattr(data["train"], x_key),
+                _tuned(model0, params),
+                x,
                 getattr(data["test"], x_key),
                 data["test"].y,
                 **dynamics,
@@ -294,65 +418,58 @@ def _fine_tune_grid(model0, data, x_key, configs, seed, *, dynamics=None):
             cand["test"] = stats["f_ft"]
             cand["stats"] = stats
         cands.append(cand)
-    return cands
+    wide_cands = [
+        _scored(val[(i, t)], data["val"].y, scale=scale, steps=t, params=p)
+        for i, t, p in flat
+        if i >= len(grid)
+        for scale in (wide[i - len(grid)][0],)
+    ]
+    return cands, wide_cands, sum(diverged[len(grid) :])
 
 
-def _wide_grid(
-    model0, data, x_key, lazy, j_train, config, seed, dynamics
-) -> tuple[dict, int]:
-    """The validated choice among the grid's SGD runs ``lazy`` (candidates of
-    :func:`_fine_tune_grid`) and runs at each of ``config.wide_scales`` (learning rate
-    :math:`c/\\bar K`, ``j_train`` the training Jacobian), read at each of
-    ``config.wide_checkpoints``, with its kernel behaviour (``"stats"``, from
-    ``dynamics`` at theta_0: the run that validation selects is the one the paper's
-    Table 7 measures); also the number of those runs that diverged."""
-    j_scale = _mean_diag(j_train)
+def _test_outputs(model0, cand, x_test):
+    """The test outputs of a candidate of :func:`_fine_tune_grid`, read once."""
+    if "test" not in cand:
+        cand["test"] = outputs(_tuned(model0, cand["params"]), x_test)
+    return cand["test"]
+
+
+def _wide_grid(model0, data, x_key, lazy, wide, config, dynamics) -> dict:
+    """The validated choice among the grid's SGD runs ``lazy`` and the wide runs'
+    candidates ``wide`` (both from :func:`_fine_tune_grid`: runs at each of
+    ``config.wide_scales`` read at each of ``config.wide_checkpoints``), with its
+    kernel behaviour (``"stats"``, from ``dynamics`` at theta_0: the run that
+    validation selects is the one the paper's Table 7 measures)."""
     cands = [
         {**c, "scale": c["value"], "steps": config.steps}
         for c in lazy
         if not c.get("diverged")
     ]
-    diverged = 0
-    x_val, x_test = getattr(data["val"], x_key), getattr(data["test"], x_key)
-
-    def record(scale):
-        def on_checkpoint(t, model):  # the test set is read for the chosen one only
-            cand = _scored(outputs(model, x_val), data["val"].y, scale=scale, steps=t)
-            cand["state"] = copy.deepcopy(model.state_dict())
-            cands.append(cand)
-
-        return on_checkpoint
-
-    for scale in config.wide_scales:
-        ft = LogisticFineTuneConfig(
-            "sgd", scale / j_scale, max(config.wide_checkpoints)
-        )
-        try:
-            fine_tune_logistic(
-                model0,
-                getattr(data["train"], x_key),
-                data["train"].y,
-                ft,
-                seed=seed,
-                checkpoints=config.wide_checkpoints,
-                on_checkpoint=record(scale),
-            )
-        except FineTuneDiverged:  # its finite checkpoints stay candidates
-            diverged += 1
-    best = _select(cands)
+    best = _select(cands + list(wide))
     if "stats" not in best:
-        model = copy.deepcopy(model0)
-        model.load_state_dict(best["state"])
         best["stats"] = kernel_behaviour(
             model0,
-            model.eval(),
+            _tuned(model0, best["params"]),
             getattr(data["train"], x_key),
-            x_test,
+            getattr(data["test"], x_key),
             data["test"].y,
             **dynamics,
         )
         best["test"] = best["stats"]["f_ft"]
-    return best, diverged
+    return best
+
+
+def _trimmed(task, pad_id: int):
+    """``task`` without the columns that are padding in every row (the padding is at
+    the end of each row): the models mask padding out of attention and read one
+    position, so their outputs are those of the padded inputs, in fewer operations."""
+
+    def cut(x):
+        return x[:, : int((x != pad_id).any(0).nonzero().max()) + 1]
+
+    return dataclasses.replace(
+        task, x_prompt=cut(task.x_prompt), x_plain=cut(task.x_plain)
+    )
 
 
 def _one_run(mlm, lang, k, seed, config, test, prompt_test, z_test, bow_test):
@@ -362,8 +479,8 @@ def _one_run(mlm, lang, k, seed, config, test, prompt_test, z_test, bow_test):
     from ..theory.kernels import jacobian
 
     data = {
-        "train": few_shot_task(lang, k, seed),
-        "val": few_shot_task(lang, k, seed, split="validation"),
+        "train": _trimmed(few_shot_task(lang, k, seed), lang.pad_id),
+        "val": _trimmed(few_shot_task(lang, k, seed, split="validation"), lang.pad_id),
         "test": test,
     }
     y = {split: d.y for split, d in data.items()}
@@ -373,19 +490,24 @@ def _one_run(mlm, lang, k, seed, config, test, prompt_test, z_test, bow_test):
     def count_diverged(setting, method, cands):
         diverged[(setting, method)] = sum(bool(c.get("diverged")) for c in cands)
 
-    def analog(cands, value):
+    def analog(model0, x_key, cands, value):
         """Test accuracy of the grid candidate at ``value`` (it must not diverge)."""
         (cand,) = [c for c in cands if c["value"] == value]
         if cand.get("diverged"):
             raise FineTuneDiverged("the analog run", float(value), -1, "its output")
-        return sign_accuracy(cand["test"], test.y)
+        return sign_accuracy(_test_outputs(model0, cand, getattr(test, x_key)), test.y)
 
-    def sgd_configs(j_train):
+    def sgd_runs(model0, x_key, j_train, *, dynamics=None, wide=True):
+        """The SGD grid (scales c, rate c / K̄) and, with ``wide``, the wide runs."""
         mean_diag = _mean_diag(j_train)
-        return [
-            (c, LogisticFineTuneConfig("sgd", c / mean_diag, config.steps))
-            for c in config.sgd_lr_scales
+        grid = [(c, c / mean_diag) for c in config.sgd_lr_scales]
+        runs = [
+            (c, c / mean_diag, config.wide_checkpoints)
+            for c in (config.wide_scales if wide else ())
         ]
+        return _fine_tune_grid(
+            model0, data, x_key, "sgd", grid, config.steps, dynamics=dynamics, wide=runs
+        )
 
     def record_sgd(setting, cands):
         count_diverged(setting, "SGD-FT", cands)
@@ -402,10 +524,10 @@ def _one_run(mlm, lang, k, seed, config, test, prompt_test, z_test, bow_test):
             "f_lin": torch.stack([c["stats"]["f_lin"] for c in cands]),
         }
 
-    def record_wide(setting, model0, x_key, lazy, j_train, dynamics):
+    def record_wide(setting, model0, x_key, lazy, wide, n, dynamics):
         if not config.wide_scales:
             return
-        best, n = _wide_grid(model0, data, x_key, lazy, j_train, config, seed, dynamics)
+        best = _wide_grid(model0, data, x_key, lazy, wide, config, dynamics)
         dyn[(setting, "SGD, wide grid")] = {m: best["stats"][m] for m in _DYNAMICS}
         diverged[(setting, "SGD-FT, wide grid")] = n
         acc[(setting, "SGD-FT, wide grid")] = sign_accuracy(best["test"], test.y)
@@ -433,14 +555,12 @@ def _one_run(mlm, lang, k, seed, config, test, prompt_test, z_test, bow_test):
         if name in fits:
             acc[("prompt", method)], chosen[("prompt", method)] = fits[name]
     dynamics = {"j_te": j_te, "j_tr0": j["train"], "f0_te": f0_te}
-    cands = _fine_tune_grid(
-        prompt0, data, "x_prompt", sgd_configs(j["train"]), seed, dynamics=dynamics
-    )
+    cands, wide, n = sgd_runs(prompt0, "x_prompt", j["train"], dynamics=dynamics)
     record_sgd("prompt", cands)
-    record_wide("prompt", prompt0, "x_prompt", cands, j["train"], dynamics)
+    record_wide("prompt", prompt0, "x_prompt", cands, wide, n, dynamics)
     fixed = config.analog_lr_scale
     if fixed is not None:  # the run at c and its own kernel analogs, no validation
-        acc[("prompt", "SGD-FT, fixed c")] = analog(cands, fixed)
+        acc[("prompt", "SGD-FT, fixed c")] = analog(prompt0, "x_prompt", cands, fixed)
         acc[("prompt", "K-SGD, analog ridge")] = every_fit["sgd"][
             config.analog_reg("sgd")
         ]
@@ -448,14 +568,15 @@ def _one_run(mlm, lang, k, seed, config, test, prompt_test, z_test, bow_test):
             same_steps_outputs(j, f0, y, fixed, config.steps).float(), y["test"]
         )
     if everything:
-        adam = [
-            (lr, LogisticFineTuneConfig("adam", lr, config.steps))
-            for lr in config.adam_lrs
-        ]
-        cands = _fine_tune_grid(prompt0, data, "x_prompt", adam, seed)
+        adam = [(lr, lr) for lr in config.adam_lrs]
+        cands, _, _ = _fine_tune_grid(
+            prompt0, data, "x_prompt", "adam", adam, config.steps
+        )
         count_diverged("prompt", "Adam-FT", cands)
         if fixed is not None:
-            acc[("prompt", "Adam-FT, fixed lr")] = analog(cands, config.analog_adam_lr)
+            acc[("prompt", "Adam-FT, fixed lr")] = analog(
+                prompt0, "x_prompt", cands, config.analog_adam_lr
+            )
             acc[("prompt", "K-A-SignGD, analog ridge")] = every_fit[
                 "asymmetric_signgd"
             ][config.analog_reg("asymmetric_signgd")]
@@ -476,11 +597,13 @@ def _one_run(mlm, lang, k, seed, config, test, prompt_test, z_test, bow_test):
                 signgd_same_steps_outputs(j, f0, y, lr, steps, seed).float(), test.y
             )
         best = _select(cands)
-        acc[("prompt", "Adam-FT")] = sign_accuracy(best["test"], test.y)
+        acc[("prompt", "Adam-FT")] = sign_accuracy(
+            _test_outputs(prompt0, best, test.x_prompt), test.y
+        )
         chosen[("prompt", "Adam-FT")] = best["value"]
         stats = kernel_behaviour(  # the kernel behaviour of the chosen Adam run
             prompt0,
-            best["model"],
+            _tuned(prompt0, best["params"]),
             data["train"].x_prompt,
             test.x_prompt,
             test.y,
@@ -488,16 +611,13 @@ def _one_run(mlm, lang, k, seed, config, test, prompt_test, z_test, bow_test):
         )
         dyn[("prompt", "Adam")] = {m: stats[m] for m in _DYNAMICS}
         lora = apply_lora(prompt0, config.lora_rank, seed=seed)
-        cands = _fine_tune_grid(
-            lora,
-            data,
-            "x_prompt",
-            sgd_configs(jacobian(lora, data["train"].x_prompt)),
-            seed,
-        )
+        j_lora = jacobian(lora, data["train"].x_prompt)
+        cands, _, _ = sgd_runs(lora, "x_prompt", j_lora, wide=False)
         count_diverged("prompt", "LoRA-SGD-FT", cands)
         best = _select(cands)
-        acc[("prompt", "LoRA-SGD-FT")] = sign_accuracy(best["test"], test.y)
+        acc[("prompt", "LoRA-SGD-FT")] = sign_accuracy(
+            _test_outputs(lora, best, test.x_prompt), test.y
+        )
         chosen[("prompt", "LoRA-SGD-FT")] = best["value"]
 
     # -- standard: linear probe on [CLS], then fine-tune from it ----------------------
@@ -523,13 +643,11 @@ def _one_run(mlm, lang, k, seed, config, test, prompt_test, z_test, bow_test):
     fits, _ = _kernel_fits(j, f0, y, config.kernel_regs, ("sgd",))
     acc[("standard", "K-SGD")], chosen[("standard", "K-SGD")] = fits["sgd"]
     dynamics = {"j_te": j["test"], "j_tr0": j["train"], "f0_te": f0["test"]}
-    cands = _fine_tune_grid(
-        std0, data, "x_plain", sgd_configs(j["train"]), seed, dynamics=dynamics
-    )
+    cands, wide, n = sgd_runs(std0, "x_plain", j["train"], dynamics=dynamics)
     record_sgd("standard", cands)
-    record_wide("standard", std0, "x_plain", cands, j["train"], dynamics)
+    record_wide("standard", std0, "x_plain", cands, wide, n, dynamics)
     if fixed is not None:
-        acc[("standard", "SGD-FT, fixed c")] = analog(cands, fixed)
+        acc[("standard", "SGD-FT, fixed c")] = analog(std0, "x_plain", cands, fixed)
         acc[("standard", "K-SGD, same steps")] = sign_accuracy(
             same_steps_outputs(j, f0, y, fixed, config.steps).float(), y["test"]
         )
@@ -574,7 +692,7 @@ def run_kernel_experiment(
     def build():
         mlm, _ = pretrain_masked_lm(pretrain)
         lang = SentimentLanguage(pretrain.language)
-        test = test_set(lang, config.n_test)
+        test = _trimmed(test_set(lang, config.n_test), lang.pad_id)
         prompt0 = PromptClassifier(mlm, lang)
         prompt_test = (
             prompt0,
