@@ -31,12 +31,7 @@ NOTES_HEADING = "## Reproduction notes"
 NOT_YET: dict[str, str] = {
     stem: "its text is being rewritten under issue 51 by another engineer; the lead "
     "enables this check for it when that rewrite lands"
-    for stem in (
-        "04-kernel-view",
-        "04b-natural-tasks-and-lora",
-        "06-in-context-learning",
-        "06b-icl-transformer",
-    )
+    for stem in ("04-kernel-view",)
 }
 
 GLUE = re.compile(r"\{glue(?::text|:md|:)?\}`[^`]+`")
@@ -188,8 +183,7 @@ def test_every_section_the_notation_page_cites_exists():
 
 
 # Symbols renamed so that each has one meaning on its page (issue 51): the page uses
-# the new name, and the notation page lists it. (Page 06 still writes Xie et al.'s
-# concept as theta; the notation page says how the book writes it.)
+# the new name, and the notation page lists it.
 RENAMED = {
     "a block of parameters, page 05 (B is the batch size)": (
         "05-implicit-bias",
@@ -204,8 +198,12 @@ RENAMED = {
         r"\\mathcal R\(\\zeta\)",
     ),
     "Xie et al.'s boundary constants (c is the concept)": (
-        None,
+        "06-in-context-learning",
         r"\\delta_1,\\dots,\\delta_4",
+    ),
+    "Xie et al.'s error terms (epsilon is the smoothing)": (
+        "06-in-context-learning",
+        r"\\xi\^c_\{\\text\{delim\}\}",
     ),
     "Chapter 4's filter argument tau": (
         None,
@@ -223,6 +221,23 @@ def test_a_renamed_symbol_is_used_and_listed(what):
             "".join(c["source"]) for c in _cells(ROOT / "notebooks" / f"{page}.ipynb")
         )
         assert re.search(rx, text), f"{what}: not on page {page}"
+
+
+# Xie et al.'s names that the book renamed on Chapter 6's pages: theta is a model's
+# parameters (their concept is c), epsilon the smoothing (their error terms are xi).
+XIE_OLD = re.compile(
+    r"\\theta\^\\star|\\epsilon(\^\\theta)?_\{\\text\{(start|delim)\}\}"
+)
+
+
+@pytest.mark.parametrize("page", ["06-in-context-learning", "06b-icl-transformer"])
+def test_chapter_6_writes_xies_symbols_as_the_book_does(page):
+    text = "".join(
+        "".join(c["source"])
+        for c in _cells(ROOT / "notebooks" / f"{page}.ipynb")
+        if c["cell_type"] == "markdown"
+    )
+    assert XIE_OLD.findall(text) == []
 
 
 def _headings(stems) -> list[str]:
