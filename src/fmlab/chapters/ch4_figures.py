@@ -14,6 +14,8 @@ from matplotlib.ticker import NullLocator
 from ..viz import PALETTE, slider_figure, table
 
 __all__ = [
+    "two_regimes",
+    "plot_two_regimes",
     "plot_pretraining",
     "plot_signgd_step",
     "plot_kernel_accuracies",
@@ -47,6 +49,85 @@ COLORS = {
     ("standard", "K-SGD"): PALETTE["orange"],
     ("bag of words", "LR"): "#999999",
 }
+
+
+def two_regimes(
+    starts=((3.0, 1.5), (0.0, 1.0)), lr: float = 1.0, steps: int = 30
+) -> list[dict]:
+    """A toy of the two regimes of fine-tuning: the model f(θ) = θ₁θ₂ (θ₁ a head, θ₂
+    the feature it reads) fine-tuned by gradient descent at rate ``lr`` on one example
+    x = 1, y = +1 with the logistic loss, from each start in ``starts``.
+
+    Per start, along the run (t = 0..steps): the parameters ``theta`` (t, 2), the
+    output ``f``, its linearization at the start ``f_lin`` = f₀ + ⟨∇f(θ₀), θ_t − θ₀⟩,
+    the output derivative ``chi`` = −σ(−f), and ``rel_error``, the last step's
+    |f − f_lin| / |f − f₀|. Since f is bilinear, f − f_lin = (θ₁−θ₁⁰)(θ₂−θ₂⁰) exactly:
+    the gap is the second-order term, the part of the change a kernel cannot make."""
+    out = []
+    for start in starts:
+        th0 = np.asarray(start, dtype=float)
+        theta = np.empty((steps + 1, 2))
+        theta[0] = th0
+        for t in range(steps):
+            a, b = theta[t]
+            chi = -1.0 / (1.0 + np.exp(a * b))  # ∂ℓ/∂f at y = +1
+            theta[t + 1] = theta[t] - lr * chi * np.array([b, a])
+        f = theta[:, 0] * theta[:, 1]
+        f_lin = f[0] + (theta - th0) @ np.array([th0[1], th0[0]])
+        out.append(
+            {
+                "start": tuple(start),
+                "theta": theta,
+                "f": f,
+                "f_lin": f_lin,
+                "chi": -1.0 / (1.0 + np.exp(f)),
+                "rel_error": float(abs(f[-1] - f_lin[-1]) / abs(f[-1] - f[0])),
+            }
+        )
+    return out
+
+
+def plot_two_regimes(lr: float = 1.0, steps: int = 30):
+    """:func:`two_regimes` drawn: left, the paths of θ across the contours of f;
+    right, the change of f against the change of its linearization along the run."""
+    lazy, rich = two_regimes(lr=lr, steps=steps)
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(8.0, 3.4))
+    grid = np.linspace(-0.2, 3.8, 200)
+    a, b = np.meshgrid(grid, grid)
+    levels = [1, 2, 3, 4.5, 6]
+    cs = ax0.contour(a, b, a * b, levels=levels, colors="#bbbbbb")
+    # labels along θ₂ = 3.2, clear of the title, the paths and the legend
+    ax0.clabel(cs, fontsize=7, fmt="f = %g", manual=[(v / 3.2, 3.2) for v in levels])
+    runs = (
+        (lazy, PALETTE["blue"], "confident start"),
+        (rich, PALETTE["red"], "undecided start"),
+    )
+    for run, color, name in runs:
+        th, f, f_lin = run["theta"], run["f"], run["f_lin"]
+        label = f"{name}, |χ₀| = {abs(run['chi'][0]):.3f}".rstrip("0").rstrip(".")
+        ax0.plot(th[:, 0], th[:, 1], ".-", color=color, ms=3, lw=1, label=label)
+        ax0.plot(*th[0], "o", color=color, ms=6, mfc="white")
+        ax1.plot(f_lin - f[0], f - f[0], ".-", color=color, ms=3, lw=1, label=label)
+    top = max(float(r["f"][-1] - r["f"][0]) for r in (lazy, rich))
+    lazy_line = r"$f = f_{\rm lin}$ (lazy)"
+    ax1.plot([0, top], [0, top], "--", color="#999999", lw=1, label=lazy_line)
+    ax0.set(
+        xlabel=r"$\theta_1$ (the head)",
+        ylabel=r"$\theta_2$ (the feature)",
+        xlim=(-0.2, 3.8),
+        ylim=(-0.2, 3.8),
+        title="the parameters along training",
+    )
+    ax1.set(
+        xlabel=r"$f_{\rm lin} - f_0$ (linearization)",
+        ylabel=r"$f - f_0$ (the model)",
+        title="the output along training",
+    )
+    for ax in (ax0, ax1):
+        ax.title.set_fontsize(9)
+        ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    return fig
 
 
 def plot_pretraining(losses: torch.Tensor, every: int = 50):
