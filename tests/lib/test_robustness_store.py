@@ -107,10 +107,6 @@ OWED = {
     "ch4.asigngd_minus_adam_validated",
     "ch4.prompt_kernel_change_validated_below_2",
     "ch4.lora_kernel_error_slope_half",
-    "ch6.icl_gain_k3",
-    "ch6.icl_gain_k5",
-    "ch6.seen_minus_pattern_gain",
-    "ch6.unseen_pattern_gain",
 }
 
 
