@@ -96,20 +96,6 @@ def test_the_registry_names_the_stored_keys_and_the_record_has_them_once():
             assert record[key]["stored"]["script"] == script
 
 
-# Keys registered this round whose robustness run is still owed (pages 04, 04b, 06 and
-# 06b, re-keyed to their papers' comparisons; a cold run of one of them at one offset
-# took 12-13 min on the shared 2-core machine): `check_seeds.py --chapters 04 04b 06
-# 06b --offsets 1 2 3 4 900 901 902 --store book/robustness.json`. Listed by name so
-# that any other key missing from the record fails, and each is printed on the run.
-OWED = {
-    "ch4.prompt_minus_standard_k16",
-    "ch4.entk_minus_ft_validated",
-    "ch4.asigngd_minus_adam_validated",
-    "ch4.prompt_kernel_change_validated_below_2",
-    "ch4.lora_kernel_error_slope_half",
-}
-
-
 def test_the_record_holds_every_registered_key_at_every_offset():
     """book/robustness.json, which the reproduction notes read, holds every key of the
     registry: a key judged on the page at offsets 0-4 and at least three offsets beyond
@@ -120,12 +106,9 @@ def test_the_record_holds_every_registered_key_at_every_offset():
 
     keys = yaml.safe_load((ROOT / "book" / "claims.yml").read_text())["keys"]
     record = json.loads((ROOT / "book" / "robustness.json").read_text())["keys"]
-    problems, owed = [], []
+    problems = []
     for key, entry in keys.items():
         have = record.get(key, {})
-        if key in OWED:
-            owed.append(key)
-            continue
         if entry.get("stored"):
             if "stored" not in have:
                 problems.append(f"{key}: no stored record")
@@ -135,8 +118,6 @@ def test_the_record_holds_every_registered_key_at_every_offset():
             problems.append(f"{key}: offsets {sorted(missing)} missing")
         if len([o for o in offsets if o >= 900]) < 3:
             problems.append(f"{key}: fewer than three offsets from 900 up")
-    print(f"\nrobustness run owed for {len(owed)} keys: {', '.join(owed)}")
     assert not problems, "run scripts/check_seeds.py --store for:\n" + "\n".join(
         problems
     )
-    assert set(owed) == OWED, f"OWED names keys not in the registry: {OWED - set(owed)}"
