@@ -233,7 +233,9 @@ def test_page_in_browser(page, server, browser):
         statuses = driver.execute_script(
             "return Array.from(document.querySelectorAll("
             "'#reproduction-ledger table.fmlab-ledger tbody tr'))"
-            ".map(r => r.cells[3].innerText.split(':')[0].trim())"
+            # the status is the cell's first paragraph ("partly: why"); a note, which
+            # never changes it, follows in a paragraph of its own
+            ".map(r => r.cells[3].querySelector('p').innerText.split(':')[0].trim())"
         )
         phenomena = yaml.safe_load((ROOT / "book" / "claims.yml").read_text())
         assert len(statuses) == len(phenomena["phenomena"])
