@@ -35,12 +35,19 @@ def test_a_stored_result_changes_only_its_chapters_fingerprint(tmp_path, monkeyp
     assert ex._fingerprint(page5) not in (before5, changed)
 
 
-def test_a_registry_entry_changes_only_its_chapters_fingerprint(tmp_path, monkeypatch):
+def _on_a_copy_of_the_registry(tmp_path, monkeypatch):
+    """The build's module reading a copy of the claims registry that a test may edit:
+    (module, the copy's path, its text)."""
     ex = _module()
     registry = tmp_path / "claims.yml"
     text = (ROOT / "book" / "claims.yml").read_text()
     registry.write_text(text)
     monkeypatch.setattr(ex, "REGISTRY", registry)
+    return ex, registry, text
+
+
+def test_a_registry_entry_changes_only_its_chapters_fingerprint(tmp_path, monkeypatch):
+    ex, registry, text = _on_a_copy_of_the_registry(tmp_path, monkeypatch)
     page3, page4 = (
         ROOT / "notebooks" / "03-lp-vs-ft.ipynb",
         ROOT / "notebooks" / "04-kernel-view.ipynb",
@@ -56,11 +63,7 @@ def test_a_registry_entry_changes_only_its_chapters_fingerprint(tmp_path, monkey
 
 def test_a_ledger_row_reexecutes_nothing(tmp_path, monkeypatch):
     # the site renders the ledger at build time; no page output prints a row
-    ex = _module()
-    registry = tmp_path / "claims.yml"
-    text = (ROOT / "book" / "claims.yml").read_text()
-    registry.write_text(text)
-    monkeypatch.setattr(ex, "REGISTRY", registry)
+    ex, registry, text = _on_a_copy_of_the_registry(tmp_path, monkeypatch)
     page3 = ROOT / "notebooks" / "03-lp-vs-ft.ipynb"
     before = ex._fingerprint(page3)
     old = "    title: LP-FT beats LP both in and out of distribution\n"
