@@ -338,6 +338,7 @@ class _Verdict:
         there), then the statement; the full evidence is the line's tooltip and on
         the claims page."""
         r = self.record
+        statement = statement_html(r.statement)
         state = "measured" if not r.claimed else "ok" if r.verified else "failed"
         colour = {"measured": "#546e7a", "ok": "#2e7d32", "failed": "#b71c1c"}[state]
         title = f"{self._label()}: {r.evidence}" if r.evidence else self._label()
@@ -351,7 +352,14 @@ class _Verdict:
             f'title="{html.escape(title, quote=True)}" style="color:{colour};'
             f'font-weight:600;text-decoration:none">{self._mark()}'
             f"{' ' + number if number else ''}</a> "
-            f'<span class="fmlab-statement">{statement_html(r.statement)}</span></div>'
+            + (
+                ""
+                if r.claimed
+                else '<span class="fmlab-measured-word">(measured, '
+                + ("holds here" if r.verified else "does not hold")
+                + ")</span> "
+            )
+            + f'<span class="fmlab-statement">{statement}</span></div>'
         )
 
 
@@ -725,8 +733,11 @@ def finding(
     if margin is not None:
         headline += f", within ±{m}"
     elif effect.se > 0:
+        # the side is named: a mean on the wrong side of its null must not read as
+        # support ("13 s.e. from 0" said nothing of which way)
         z = abs(effect.mean - null) / effect.se
-        headline += f", {z:.1f} s.e. from {null:g}"
+        side = "above" if effect.mean >= null else "below"
+        headline += f", {z:.1f} s.e. {side} {null:g}"
     evidence = (
         (context + "; " if context else "") + effect.describe(fmt, unit) + f"; {rule}"
     )

@@ -226,6 +226,9 @@ def test_finding_takes_its_meaning_from_the_registry(capsys):
     rec = claims_table().records[-1]
     assert not rec.claimed and not rec.verified and math.isclose(rec.value, -0.4 / 3)
     assert "measured, not claimed (does not hold)" in capsys.readouterr().out
+    # its line on the page names the side of the null and why it carries no tick
+    line = _Verdict(rec)._repr_html_()
+    assert "s.e. below 0" in rec.headline and "(measured, does not hold)" in line
     # the page's claims table marks it measured, never with a tick
     finding("it holds here", [0.3, 0.35, 0.4], key="ch9.not_yet")
     html = claims_table()._repr_html_()
