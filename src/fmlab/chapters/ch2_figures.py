@@ -581,8 +581,13 @@ def prose_latent_classes(result: LatentClassesResult) -> dict[str, str]:
         "ch2_final_best": f"{best[:, -1].mean():.4f}",
         "ch2_start_bound": f"{bound[:, 0].mean():.2f}",
         "ch2_drop_factor": f"{(bound[:, 0] / bound[:, -1]).mean():.0f}",
-        "ch2_raw_error": f"{result.raw_probe_error:.2f}",
-        "ch2_probe_error": f"{result.probe_error[:, -1].max():.3f}",
+        "ch2_raw_error": f"{result.raw_probe_error:.0%}",
+        # the worst seed's error; "none" when every seed's probe is exact
+        "ch2_probe_error": (
+            "none"
+            if result.probe_error[:, -1].max() == 0
+            else f"at most {result.probe_error[:, -1].max():.1%}"
+        ),
         "ch2_spread_factor": f"{(spread[:, 0] / spread[:, -1]).mean():.1f}",
         "ch2_slack_end": f"{slack[:, -1].mean():.4f}",
         "ch2_mc_step_end": f"{(mean_clf - best)[:, -1].mean():.4f}",
