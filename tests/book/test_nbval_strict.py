@@ -3,9 +3,9 @@
 ``make test`` runs nbval in strict mode on the executed chapters that the build produced
 (``_build/executed``, written by ``scripts/execute_chapters.py``): it re-executes each
 one and compares every text output with the page. These tests take the opening of one
-executed chapter, up to its first output that prints a number, and run nbval on it twice
-in a subprocess: as built (it must pass) and with that one printed number changed (it
-must fail)."""
+executed chapter, up to its first output that prints a number, and run nbval in one
+subprocess on it as built (it must pass) and on a copy with that one printed number
+changed (it must fail)."""
 
 from __future__ import annotations
 
@@ -53,39 +53,11 @@ def _opening() -> tuple[str, dict, int]:
     pytest.fail(f"{chapters[0].name} prints no number to tamper with")
 
 
-def _nbval(nb: dict, tmp_path: Path, name: str) -> subprocess.CompletedProcess:
-    path = tmp_path / name
-    path.write_text(json.dumps(nb))
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-p",
-            "no:cacheprovider",
-            "-p",
-            "no:xdist",
-            "--nbval",
-            "--nbval-current-env",
-            "--nbval-sanitize-with",
-            str(SANITIZE),
-            "-q",
-            str(path),
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-
-
-def test_page_as_built_passes(tmp_path):
-    name, nb, _ = _opening()
-    run = _nbval(nb, tmp_path, name)
-    assert run.returncode == 0, f"the untouched opening of {name} failed:\n{run.stdout}"
-
-
-def test_one_changed_number_fails(tmp_path):
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """nbval on the opening as built and on a copy with one printed number changed,
+    in one pytest process (two kernels, one interpreter start): its report, and the
+    two files' names."""
     name, nb, last = _opening()
     tampered = copy.deepcopy(nb)
     for output in tampered["cells"][last]["outputs"]:
@@ -98,8 +70,37 @@ def test_one_changed_number_fails(tmp_path):
         if _texts(output):
             break
     assert tampered != nb
-    run = _nbval(tampered, tmp_path, "tampered-" + name)
-    assert run.returncode != 0, (
-        f"nbval accepted a page whose printed number was changed:\n{run.stdout}"
+    where = tmp_path_factory.mktemp("nbval")
+    (where / name).write_text(json.dumps(nb))
+    (where / f"tampered-{name}").write_text(json.dumps(tampered))
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist"]
+        + ["--nbval", "--nbval-current-env", "--nbval-sanitize-with", str(SANITIZE)]
+        + ["-q", "-rA", "--rootdir", str(where), name, f"tampered-{name}"],
+        cwd=where,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
-    assert "mismatch" in run.stdout.lower(), run.stdout
+    return run.stdout, name, f"tampered-{name}"
+
+
+def _outcomes(report: str, name: str) -> list[str]:
+    """The outcome of each cell of ``name`` in a ``-rA`` report ("PASSED", ...)."""
+    return re.findall(rf"^(\w+) {re.escape(name)}::", report, flags=re.M)
+
+
+def test_page_as_built_passes(runs):
+    report, name, _ = runs
+    outcomes = _outcomes(report, name)
+    assert outcomes and set(outcomes) == {"PASSED"}, (
+        f"the untouched opening of {name} failed:\n{report}"
+    )
+
+
+def test_one_changed_number_fails(runs):
+    report, _, tampered = runs
+    assert "FAILED" in _outcomes(report, tampered), (
+        f"nbval accepted a page whose printed number was changed:\n{report}"
+    )
+    assert "mismatch" in report.lower(), report
