@@ -3,6 +3,8 @@
 #   make test   run every test: ruff, fmlab's unit tests, every chapter under nbval (strict:
 #               re-executed and compared with the built pages), the claims index, and the
 #               rendered book in headless Chromium (it builds the book first)
+# nbval's re-execution compares text only, never images, so its kernels draw no figure
+# (FMLAB_DRAW=0; fmlab.viz.drawing); the tests under tests/ draw as usual.
 # Both create the virtual environment .venv first when it is missing.
 # `make seeds` is the robustness run (every chapter at seed offsets 1-4; not in test).
 # `make lab` opens the executed chapters in JupyterLab, rendered as on the pages.
@@ -39,7 +41,7 @@ book: $(STAMP)
 test: book
 	$(BIN)/ruff format --check src tests scripts notebooks book/_ext
 	$(BIN)/ruff check src tests scripts notebooks book/_ext
-	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile \
+	FMLAB_DRAW=0 $(BIN)/python -m pytest -n $(JOBS) --dist loadfile \
 		_build/executed tests --ignore tests/book/test_browser.py \
 		--nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg --durations=15
 # The browser test alone, after the rest: on a slow line with a chapter executing on the

@@ -1,6 +1,18 @@
 import os
 
+import pytest
+
 os.environ.setdefault("FMLAB_PROGRESS", "0")
+
+
+@pytest.fixture(autouse=True)
+def _figures_drawn(monkeypatch):
+    """Every test here draws its figures (and so does every process it starts).
+    `make test` sets ``FMLAB_DRAW=0`` only for nbval's re-execution of the chapters
+    (``_build/executed``), which compares text and never images
+    (:func:`fmlab.viz.drawing`)."""
+    monkeypatch.setenv("FMLAB_DRAW", "1")
+
 
 # The longest test files, started first: `make test` hands whole files to its two
 # workers in collection order (xdist's loadfile), so a long file collected last would

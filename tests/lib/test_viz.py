@@ -26,6 +26,24 @@ def test_slider_figure_has_one_image_per_state():
     assert len({i.value for i in images}) == 6  # every state is a different picture
 
 
+def test_nothing_is_drawn_under_fmlab_draw_0(monkeypatch):
+    """nbval's re-execution (FMLAB_DRAW=0): the same widgets and text, no pictures."""
+    from fmlab.viz import _figure_png
+
+    drawn = slider_figure(_render, {"a": [1, 2, 3], "b": ["x", "y"]})
+    fig, _ = plt.subplots(figsize=(1, 1))
+    assert _figure_png(fig) is not None
+    monkeypatch.setenv("FMLAB_DRAW", "0")
+    calls = []
+    box = slider_figure(lambda **v: calls.append(v), {"a": [1, 2, 3], "b": ["x", "y"]})
+    assert not calls, "a frame was rendered"
+    assert repr(box)[:110] == repr(drawn)[:110]  # what nbval compares of a widget
+    images = [img for inner in box.children[-1].children for img in inner.children]
+    assert len(images) == 6 and all(i.value == b"" for i in images)
+    assert _figure_png(fig) is None  # the figure shows its text line only
+    plt.close(fig)
+
+
 def test_slider_figure_validates():
     with pytest.raises(ValueError, match="params"):
         slider_figure(_render, {})
