@@ -9,6 +9,7 @@ slider switches images with no kernel and no Python.
 
 from __future__ import annotations
 
+import functools
 import html
 import io
 import itertools
@@ -110,6 +111,7 @@ def use_style() -> None:
         }
     )
     _remember_tight_layout()
+    _share_mathtext_parses()
     _install_inline_formatter()
 
 
@@ -129,6 +131,36 @@ def _remember_tight_layout() -> None:
     tight_layout._fmlab = True
     tight_layout.__doc__ = original.__doc__
     Figure.tight_layout = tight_layout
+
+
+def _share_mathtext_parses() -> None:
+    """Let every renderer share one cache of parsed math text.
+
+    Matplotlib caches a parsed expression (``$10^{-3}$``, a tick label of a log axis)
+    per parser, and every renderer has its own parser: each new figure, and each new
+    size or resolution of one (fitting it to the column, saving it at 2x), parses
+    every label again, which is most of the cost of drawing a slider figure's frames.
+    The parse depends only on the expression, the resolution, the font and the
+    parser's kind, so one cache keyed by those gives the same result, computed once.
+    """
+    from matplotlib.mathtext import MathTextParser
+
+    if getattr(MathTextParser._parse_cached, "_fmlab", False):
+        return
+    parse = MathTextParser._parse_cached.__wrapped__  # the method under its lru_cache
+    kinds = {}  # (parser class, output type) -> a parser of that kind
+
+    @functools.lru_cache(maxsize=4096)
+    def shared(kind, s, dpi, prop, antialiased, load_glyph_flags):
+        return parse(kinds[kind], s, dpi, prop, antialiased, load_glyph_flags)
+
+    def _parse_cached(self, s, dpi, prop, antialiased, load_glyph_flags):
+        kind = (type(self), self._output_type)
+        kinds.setdefault(kind, self)
+        return shared(kind, s, dpi, prop, antialiased, load_glyph_flags)
+
+    _parse_cached._fmlab = True
+    MathTextParser._parse_cached = _parse_cached
 
 
 def _install_inline_formatter() -> None:
