@@ -279,3 +279,63 @@ def test_paper_scale_is_the_papers_model_and_corpus():
     want = V * d + 1024 * d + L * per_block + 2 * d + V * d + V
     assert ch6.build_model(cfg).n_params() == want
     assert abs(want / 1e6 - 29.4) < 0.1
+
+
+def test_the_pages_runs_are_read_from_their_stored_file_at_offset_0_only(
+    cache, monkeypatch
+):
+    # oracle: the stored file itself (decoded by hand), and a stand-in for the
+    # training that records what it was asked to train
+    import json
+    from dataclasses import asdict, replace
+
+    from fmlab import stored
+    from fmlab.chapters import ch6_pretrained as cp
+
+    def plain(config):
+        return json.loads(json.dumps(asdict(config)))
+
+    data = stored.read(cp.PRETRAINED_RESULTS)
+    cfg = ch6.Chapter6Config()  # the page's config
+    assert data["stored"]["config"] == plain(cfg)
+    pcfgs = [cfg.pretrain_config(s) for s in cfg.model_seeds]
+    asked = []
+
+    def fake_train(cfgs, device="cpu"):
+        asked.append([c.seed for c in cfgs])
+        return [{"state_dict": {}, "losses": torch.zeros(1), "val_loss": 0.0}] * len(
+            cfgs
+        )
+
+    sources = cp.pretrained_sources()  # the real training code, for the fingerprint
+    monkeypatch.setattr(cp, "pretrained_sources", lambda: sources)
+    monkeypatch.setattr(ch6, "_train_stacked", fake_train)
+    monkeypatch.delenv("FMLAB_SEED_OFFSET", raising=False)
+    runs = ch6.pretrain_ginc_lms(pcfgs)
+    assert asked == [] and not list(cache.glob("ginc_lm-*.pt"))
+    for c, run, record in zip(pcfgs, runs, data["runs"]):
+        assert record["config"] == plain(c)
+        want = stored.decode_tensors(record["state_dict"])
+        assert all(torch.equal(run["state_dict"][n], v) for n, v in want.items())
+        assert run["losses"].tolist() == record["losses"]
+        assert run["val_loss"] == record["val_loss"]
+        assert ch6.pretrain_ginc_lm(c)["val_loss"] == record["val_loss"]
+    assert ch6.load_ginc_lm(pcfgs[1]).n_params() > 0
+    # another seed of the same pretraining trains, alone; so does another config
+    ch6.pretrain_ginc_lms([pcfgs[0], replace(pcfgs[0], seed=7)])
+    ch6.pretrain_ginc_lm(replace(pcfgs[0], steps=1499, seed=2))
+    assert asked == [[7], [2]]
+    monkeypatch.setenv("FMLAB_SEED_OFFSET", "3")  # another world: trained live
+    assert cp.stored_run(pcfgs[0]) is None
+    ch6.pretrain_ginc_lms(pcfgs)
+    assert asked[-1] == [0, 1]
+    # changed code behind the stored runs stops the page, naming the script
+    monkeypatch.delenv("FMLAB_SEED_OFFSET")
+    real = stored.source_text
+    monkeypatch.setattr(
+        stored,
+        "source_text",
+        lambda src: real(src) + ("#" if src is ch6.GINCPretrainConfig else ""),
+    )
+    with pytest.raises(stored.StaleResults, match="Rerun scripts/ch6_pretrained.py"):
+        ch6.pretrain_ginc_lm(pcfgs[0])

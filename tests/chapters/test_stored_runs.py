@@ -29,6 +29,8 @@ from fmlab.chapters import (
     ch5_implicit_bias,
     ch5_sgd_noise,
     ch5_size,
+    ch6_icl,
+    ch6_pretrained,
     ch6_worlds,
 )
 
@@ -74,6 +76,15 @@ RUNS = {
         "size_sweep_slice",
         ch5_size.SIZE_SWEEP_SLICE,
         ("steps=c.steps", "steps=2 * c.steps", ch5_size.size_sweep_run),
+    ),
+    "ch6_pretrained": (
+        ch6_pretrained,
+        ch6_pretrained.PRETRAINED_RESULTS,
+        "scripts/ch6_pretrained.py",
+        ch6_pretrained.pretrained_results,
+        "pretrained_slice",
+        ch6_pretrained.PRETRAINED_SLICE,
+        ("clamp(max=1.0)", "clamp(max=2.0)", ch6_icl._train_stacked),
     ),
     "ch6_worlds": (
         ch6_worlds,

@@ -447,29 +447,46 @@ def _train_stacked(cfgs, device="cpu") -> list:
     return out
 
 
+def _stored_run(cfg: GINCPretrainConfig) -> dict | None:
+    """The run of ``cfg`` stored with the book (page 06b's pretrainings at seed offset
+    0, :func:`fmlab.chapters.ch6_pretrained.stored_run`), or None."""
+    from .ch6_pretrained import stored_run
+
+    return stored_run(cfg)
+
+
 def pretrain_ginc_lms(cfgs, device="cpu") -> list:
     """:func:`pretrain_ginc_lm` of several configs that differ only in their seed: the
-    runs not yet in the cache are trained together as stacked weights
-    (:func:`_train_stacked`, transformers without dropout) and cached one by one."""
+    runs stored with the book are read (at seed offset 0, page 06b's:
+    :mod:`fmlab.chapters.ch6_pretrained`), the others not yet in the cache are trained
+    together as stacked weights (:func:`_train_stacked`, transformers without dropout)
+    and cached one by one."""
     cfgs = tuple(cfgs)
     if not cfgs or not all(isinstance(c, GINCPretrainConfig) for c in cfgs):
         raise TypeError("cfgs must be a non-empty sequence of GINCPretrainConfig")
     if not _stackable(cfgs):
         return [pretrain_ginc_lm(c) for c in cfgs]
+    kept = {i: r for i, c in enumerate(cfgs) if (r := _stored_run(c)) is not None}
+    todo = [i for i in range(len(cfgs)) if i not in kept]
     trained: dict = {}
 
     def build(i: int) -> dict:
         if i not in trained:  # the first miss trains it and every later run at once
-            trained.update(
-                zip(range(i, len(cfgs)), _train_stacked(cfgs[i:], device=device))
-            )
+            rest = [j for j in todo if j >= i]
+            runs = _train_stacked([cfgs[j] for j in rest], device=device)
+            trained.update(zip(rest, runs))
         return trained[i]
 
-    return [cached(c, lambda i=i: build(i), name="ginc_lm") for i, c in enumerate(cfgs)]
+    return [
+        kept[i] if i in kept else cached(c, lambda i=i: build(i), name="ginc_lm")
+        for i, c in enumerate(cfgs)
+    ]
 
 
 def pretrain_ginc_lm(cfg: GINCPretrainConfig) -> dict:
-    """Train (or load from the on-disk cache) the model of ``cfg``.
+    """Train (or load from the on-disk cache) the model of ``cfg``; page 06b's runs at
+    seed offset 0 are read from the book's stored file instead
+    (:mod:`fmlab.chapters.ch6_pretrained`).
 
     Returns a dict with ``state_dict``, the training ``losses`` per step, ``val_loss``
     (the mean next-token cross-entropy on 256 fresh documents of ``window + 1`` tokens,
@@ -479,6 +496,9 @@ def pretrain_ginc_lm(cfg: GINCPretrainConfig) -> dict:
     """
     if not isinstance(cfg, GINCPretrainConfig):
         raise TypeError(f"cfg must be a GINCPretrainConfig, got {type(cfg).__name__}")
+    run = _stored_run(cfg)  # page 06b's runs at seed offset 0, stored with the book
+    if run is not None:
+        return run
     if _stackable((cfg,)):  # the transformer's one training loop, alone or stacked
         return cached(cfg, lambda: _train_stacked((cfg,))[0], name="ginc_lm")
     return cached(cfg, lambda: _train(cfg), name="ginc_lm")
