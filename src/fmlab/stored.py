@@ -157,11 +157,20 @@ def other_rounding(record: dict) -> dict[str, str]:
     return {"ATEN_CPU_CAPABILITY": here.lower()}
 
 
+#: Tensors with more values than this are stored as base64 of their bytes, not a list.
+_LIST_LIMIT = 1024
+
+
 def encode_tensors(value):
     """A tensor, or a dict (nested) of tensors, as JSON-ready data: each tensor becomes
-    ``{"dtype", "shape", "data"}`` with its values as a flat list. Floats are written
-    exactly (a float32 value is a float64 value, and JSON keeps float64 to the last
-    bit), so :func:`decode_tensors` gives back the same tensors."""
+    ``{"dtype", "shape", "data"}`` with its values as a flat list, or, above
+    :data:`_LIST_LIMIT` values (model weights), ``{"dtype", "shape", "base64"}`` with
+    its bytes in little-endian order (a list of floats written one per line made a
+    results file of two small models 7 MB). Either way the values are exact (a float32
+    value is a float64 value, and JSON keeps float64 to the last bit), so
+    :func:`decode_tensors` gives back the same tensors."""
+    import base64
+
     import torch
 
     if isinstance(value, dict):
@@ -170,21 +179,35 @@ def encode_tensors(value):
         raise TypeError(
             f"value must be a tensor or a dict of them, got {type(value).__name__}"
         )
-    return {
+    head = {
         "dtype": str(value.dtype).removeprefix("torch."),
         "shape": list(value.shape),
-        "data": value.reshape(-1).tolist(),
     }
+    flat = value.detach().cpu().contiguous().reshape(-1)
+    if flat.numel() <= _LIST_LIMIT or value.dtype == torch.bool:
+        return {**head, "data": flat.tolist()}
+    raw = flat.numpy().astype(flat.numpy().dtype.newbyteorder("<"), copy=False)
+    return {**head, "base64": base64.b64encode(raw.tobytes()).decode("ascii")}
 
 
 def decode_tensors(value):
     """The inverse of :func:`encode_tensors`."""
+    import base64
+
+    import numpy as np
     import torch
 
-    if isinstance(value, dict) and set(value) != {"dtype", "shape", "data"}:
+    keys = set(value) if isinstance(value, dict) else set()
+    if keys not in ({"dtype", "shape", "data"}, {"dtype", "shape", "base64"}):
         return {k: decode_tensors(v) for k, v in value.items()}
     dtype = getattr(torch, value["dtype"])
-    return torch.tensor(value["data"], dtype=dtype).reshape(value["shape"])
+    if "data" in value:
+        return torch.tensor(value["data"], dtype=dtype).reshape(value["shape"])
+    np_dtype = torch.empty(0, dtype=dtype).numpy().dtype.newbyteorder("<")
+    raw = np.frombuffer(base64.b64decode(value["base64"]), dtype=np_dtype)
+    return torch.from_numpy(raw.astype(raw.dtype.newbyteorder("="))).reshape(
+        value["shape"]
+    )
 
 
 def _jsonable(config) -> dict:

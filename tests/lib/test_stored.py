@@ -158,9 +158,15 @@ def test_tensors_survive_their_json_form_to_the_last_bit():
         "b": {"c": torch.randn(5, dtype=torch.float64, generator=g) * 1e-300},
         "n": torch.tensor(7),
         "i": torch.arange(6).reshape(2, 3),
+        "w": torch.randn(40, 30, generator=g),  # above the list limit: base64 bytes
     }
-    back = stored.decode_tensors(json.loads(json.dumps(stored.encode_tensors(value))))
-    for x, y in ((value["a"], back["a"]), (value["b"]["c"], back["b"]["c"])):
+    coded = stored.encode_tensors(value)
+    assert "base64" in coded["w"] and "data" in coded["a"]
+    back = stored.decode_tensors(json.loads(json.dumps(coded)))
+    pairs = [(value[k], back[k]) for k in ("a", "w")] + [
+        (value["b"]["c"], back["b"]["c"])
+    ]
+    for x, y in pairs:
         assert x.dtype == y.dtype and torch.equal(x, y)
     assert back["n"].shape == () and int(back["n"]) == 7
     assert torch.equal(back["i"], value["i"])
