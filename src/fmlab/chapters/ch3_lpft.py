@@ -160,23 +160,38 @@ def softmax_regression(
         b0 = check_tensor("init[1]", init[1], shape=(C,), floating=True)
         theta = torch.cat([W0.double(), b0.double()[:, None]], dim=1)
     size = C * (k + 1)
+    pair_a, pair_b = torch.triu_indices(C, C)  # the blocks (a, b), a <= b
+    same = (pair_a == pair_b).double()
+    FtT = Ft.T.contiguous()
     for _ in range(max_iter):
         P = torch.softmax(Ft @ theta.T, dim=1)
         grad = (P - Y).T @ Ft / n + reg * theta
         if float(grad.norm()) < tol:
             break
-        A = (P.unsqueeze(2) * Ft.unsqueeze(1)).reshape(n, size)  # (n, C(k+1))
-        H = -(A.T @ A) / n
-        blocks = torch.einsum("sa,si,sj->aij", P, Ft, Ft) / n
-        for a in range(C):
-            sl = slice(a * (k + 1), (a + 1) * (k + 1))
-            H[sl, sl] += blocks[a]
+        # block (a, b) of the Hessian is Ft^T diag(P_a δ_ab - P_a P_b) Ft / n: the
+        # C (C + 1) / 2 blocks on and above the diagonal in one matrix product (half
+        # the work of forming the whole Hessian), the others by symmetry
+        weights = P[:, pair_a] * (same - P[:, pair_b])  # (n, pairs)
+        weighted = (Ft.unsqueeze(1) * weights.unsqueeze(2)).reshape(n, -1)
+        blocks = (FtT @ weighted / n).view(k + 1, -1, k + 1)  # (k + 1, pairs, k + 1)
+        H = torch.empty(C, k + 1, C, k + 1, dtype=torch.float64)
+        for i, (a, b) in enumerate(zip(pair_a.tolist(), pair_b.tolist())):
+            H[a, :, b] = blocks[:, i]
+            H[b, :, a] = blocks[:, i].T
+        H = H.reshape(size, size)
         H += torch.diag(reg.flatten())
         # shifting every class's bias by the same constant leaves the loss unchanged:
         # a tiny ridge fixes that null direction
         ridge = 1e-10 * max(1.0, float(H.diagonal().max()))
         H += ridge * torch.eye(size, dtype=torch.float64)
-        step = torch.linalg.solve(H, grad.flatten()).reshape(C, k + 1)
+        # H is positive definite (a convex loss's Hessian plus the ridge): Cholesky,
+        # with LU as the fallback should rounding defeat it
+        L, info = torch.linalg.cholesky_ex(H)
+        rhs = grad.reshape(size, 1)
+        if int(info) == 0:
+            step = torch.cholesky_solve(rhs, L).reshape(C, k + 1)
+        else:
+            step = torch.linalg.solve(H, rhs).reshape(C, k + 1)
         f0 = float(_softmax_objective(theta, Ft, Y, l2, k))
         slope = float((grad * step).sum())
         t = 1.0
@@ -472,68 +487,120 @@ def fine_tune_batch(
         params.append(None if lin.bias is None else stack(lin.bias))
     params.append(torch.stack([h.weight.detach().float() for h in heads]).clone())
     params.append(torch.stack([h.bias.detach().float() for h in heads]).clone())
-    live = [p for p in params if p is not None]
-    for p in live:
-        p.requires_grad_(True)
-    bufs = [torch.zeros_like(p) for p in live]
     rate = torch.tensor(lrs, dtype=torch.float32)
     active = torch.ones(G, dtype=torch.bool)
+    n_layers = len(layers)
 
     def first_layer_input(inp):
-        """What the first layer needs of ``inp`` (n, d): W0 xᵀ and the coordinates
-        Qᵀ xᵀ (reparametrised), or xᵀ (not)."""
+        """What the first layer needs of ``inp`` (n, d), the same for every run: W0 xᵀ
+        and the coordinates Qᵀ xᵀ (reparametrised), or xᵀ (not)."""
         xT = inp.T.contiguous()
         if Q is None:
-            return None, xT.unsqueeze(0).expand(G, -1, -1)
-        return W0 @ xT, (Q.T @ xT).unsqueeze(0).expand(G, -1, -1)
+            return None, xT
+        return W0 @ xT, (Q.T @ xT).contiguous()
 
-    def features(packed):
-        fixed, h = packed
-        for i in range(len(layers)):
-            W, b = params[2 * i], params[2 * i + 1]
-            if i == 0 and fixed is not None:
-                add = fixed if b is None else fixed + b[:, :, None]
-                h = torch.baddbmm(add, W, h)
+    def features(packed, s, e, out=None):
+        """Every layer's output for the runs ``s:e``, each (runs, features, examples),
+        on the inputs of ``packed``, written into the buffers ``out`` if given. The
+        first layer's input is the same for every run: its products are one matrix
+        product of the stacked weights."""
+        fixed, z = packed
+        acts = []
+        for i in range(n_layers):
+            W, b = params[2 * i][s:e], params[2 * i + 1]
+            b = None if b is None else b[s:e, :, None]
+            buf = None if out is None else out[i][s:e]
+            if i == 0:
+                flat = None if buf is None else buf.view(-1, z.shape[1])
+                h = torch.mm(W.reshape(-1, W.shape[2]), z, out=flat)
+                h = h.view(e - s, W.shape[1], z.shape[1])
+                if fixed is not None:
+                    h.add_(fixed)
+                if b is not None:
+                    h.add_(b)
+            elif b is None:
+                h = torch.bmm(W, acts[-1], out=buf)
             else:
-                h = torch.bmm(W, h) if b is None else torch.baddbmm(b[:, :, None], W, h)
-            h = torch.relu(h)
-        return h  # (G, k, m)
+                h = torch.baddbmm(b, W, acts[-1], out=buf)
+            acts.append(h.relu_())
+        return acts  # the last is the representation, (runs, k, examples)
 
+    # The gradient of the summed loss, written out (each run's gradient is its own
+    # block), into buffers allocated once, a few runs at a time: with no autograd
+    # graph, no fresh (G, features, examples) tensors at every step and each group's
+    # activations still in the cache when they are used again, a step costs about
+    # half as much. With P the softmax of the logits and q the smoothed targets, the
+    # gradient of a run's loss in its logits is (P - q)/n, formed as autograd forms
+    # it (g - P Σ_c g_c, with g = -q/n); each layer then passes it back through its
+    # ReLU (whose output is >= 0, so its sign is the 0/1 mask) and its weights.
     train_in = first_layer_input(x)
+    m = x.shape[0]
+    sizes = [lin.out_features for lin in layers]
+    act_bufs = [torch.empty(G, k, m) for k in sizes]
+    back_bufs = [torch.empty(G, k, m) for k in sizes]
+    mask_bufs = [torch.empty(G, k, m) for k in sizes]
+    grads = [None if p is None else torch.empty_like(p) for p in params]
+    moms = [None if p is None else torch.zeros_like(p) for p in params]
+    group = max(1, (1 << 18) // (max(sizes) * m))  # runs whose activations fill ~1 MB
+    groups = [(s, min(G, s + group)) for s in range(0, G, group)]
     track_in = {name: first_layer_input(xs) for name, xs in track.items()}
     with torch.no_grad():
         base = {name: encoder(xs).T for name, xs in track.items()}
     losses = torch.full((G, steps + 1), float("nan"))
     rec_steps, rec = [], {"train_loss": [], **{name: [] for name in track}}
-    onehot = None
+    targets = ((1 - alpha) * F.one_hot(y, C).float() + alpha / C).T  # (C, m)
+    g_logp = targets * (-1.0 / m)  # the gradient of a run's loss in its log-probs
+    g_sum = g_logp.sum(0)
+    cur = torch.empty(G)
     for step in range(steps + 1):
-        phi = features(train_in)
-        logits = torch.baddbmm(params[-1][:, :, None], params[-2], phi)  # (G, C, m)
-        logp = torch.log_softmax(logits, dim=1)
-        if onehot is None:
-            onehot = ((1 - alpha) * F.one_hot(y, C).float() + alpha / C).T
-        per_run = -(logp * onehot).sum(1).mean(-1)  # (G,)
-        cur = per_run.detach()
-        active &= torch.isfinite(cur)
+        for s, e in groups:
+            acts = features(train_in, s, e, act_bufs)
+            logits = torch.baddbmm(params[-1][s:e, :, None], params[-2][s:e], acts[-1])
+            logp = torch.log_softmax(logits, dim=1)  # (runs, C, m)
+            cur[s:e] = -(logp * targets).sum(1).mean(-1)
+            active[s:e] &= torch.isfinite(cur[s:e])
+            if step == steps:
+                continue
+            d_logits = g_logp - logp.exp_() * g_sum
+            d_logits = torch.where(active[s:e, None, None], d_logits, 0.0)
+            torch.bmm(d_logits, acts[-1].transpose(1, 2), out=grads[-2][s:e])
+            torch.sum(d_logits, -1, out=grads[-1][s:e])
+            d = torch.bmm(
+                params[-2][s:e].transpose(1, 2), d_logits, out=back_bufs[-1][s:e]
+            )
+            for i in reversed(range(n_layers)):
+                d.mul_(torch.sign(acts[i], out=mask_bufs[i][s:e]))  # the ReLU
+                if params[2 * i + 1] is not None:
+                    torch.sum(d, -1, out=grads[2 * i + 1][s:e])
+                if i == 0:
+                    z = train_in[1]
+                    out = grads[0][s:e].view(-1, z.shape[0])
+                    torch.mm(d.view(-1, m), z.T, out=out)
+                else:
+                    torch.bmm(d, acts[i - 1].transpose(1, 2), out=grads[2 * i][s:e])
+                    d = torch.bmm(
+                        params[2 * i][s:e].transpose(1, 2), d, out=back_bufs[i - 1][s:e]
+                    )
         losses[:, step] = torch.where(active, cur, float("nan"))
         if track and (step % track_every == 0 or step == steps):
             rec_steps.append(step)
             rec["train_loss"].append(losses[:, step].clone())
-            with torch.no_grad():
-                for name, xs in track.items():
-                    d = (features(track_in[name]) - base[name]).norm(dim=1).mean(-1)
-                    rec[name].append(torch.where(active, d, float("nan")))
+            for name in track:
+                diff = features(track_in[name], 0, G)[-1].sub_(base[name])
+                d = diff.square_().sum(1).sqrt_().mean(-1)  # mean ‖Δφ(x)‖
+                rec[name].append(torch.where(active, d, float("nan")))
         if step == steps:
             break
-        grads = torch.autograd.grad(per_run[active].sum(), live, allow_unused=True)
-        with torch.no_grad():
-            eta = torch.where(active, rate, 0.0)
-            for p, buf, g in zip(live, bufs, grads):
-                if g is None:
-                    continue
-                g = torch.nan_to_num(g) * active.view(-1, *[1] * (g.ndim - 1))
-                buf.mul_(momentum).add_(g)
-                p.sub_(eta.view(-1, *[1] * (p.ndim - 1)) * buf)
+        # SGD with momentum (PyTorch's convention); a run that stopped being finite
+        # is frozen
+        eta = torch.where(active, rate, 0.0)
+        for p, mom, g in zip(params, moms, grads):
+            if p is None:
+                continue
+            shape = (-1,) + (1,) * (p.ndim - 1)
+            g.nan_to_num_().mul_(active.view(shape))
+            mom.mul_(momentum).add_(g)
+            p.sub_(eta.view(shape) * mom)
     encoders, out_heads = [], []
     for g in range(G):
         enc = copy.deepcopy(encoder)
@@ -624,10 +691,18 @@ def _span_features(first, Q, shared, enc):
     pretrained first layer (``B0``, ``b0``), and ``shared`` holds
     ``(B0 x + b0, Q^T x)`` for each input set."""
     with torch.no_grad():
-        layer = enc.net[0]
+        layer, rest = enc.net[0], enc.net[1:]
         C = (layer.weight - first.weight) @ Q
-        shift = 0.0 if layer.bias is None else layer.bias - first.bias
-        return [enc.net[1:](pre + proj @ C.T + shift) for pre, proj in shared]
+        out = []
+        for pre, proj in shared:
+            h = torch.addmm(pre, proj, C.T)  # one pass over the (n, k) outputs
+            if layer.bias is not None:
+                h += layer.bias - first.bias
+            if len(rest) and isinstance(rest[0], nn.ReLU):  # in place: h is ours
+                out.append(rest[1:](h.relu_()))
+            else:
+                out.append(rest(h))
+        return out
 
 
 # -- a world with shared and style-specific content -----------------------------------
@@ -954,17 +1029,20 @@ def pretrain_encoders(
             else torch.stack([ls[i].bias.detach() for ls in layers])
             for i in range(L)
         ]
-        live = [p.clone().requires_grad_(True) for p in W + b if p is not None]
+        live = [p.clone() for p in W + b if p is not None]
         it = iter(live)
         W = [next(it) for _ in W]
         b = [None if p is None else next(it) for p in b]
         opt = torch.optim.Adam(live, lr=cfg.pretrain_lr)
         losses = torch.empty(S, cfg.pretrain_steps)
+        B = cfg.pretrain_batch
         for step in progress(
             range(cfg.pretrain_steps), total=cfg.pretrain_steps, desc="pretraining"
         ):
-            batches = [w.source(cfg.pretrain_batch, g) for w, g in zip(worlds, gens)]
+            batches = [w.source(B, g) for w, g in zip(worlds, gens)]
             h = torch.stack([s.x for s in batches])
+            types = torch.stack([s.types for s in batches]).unsqueeze(-1)  # (S, B, 1)
+            acts = [h]
             for i in range(L):  # a ReLU after every encoder layer, none after the head
                 Wt = W[i].transpose(1, 2)
                 h = (
@@ -972,14 +1050,23 @@ def pretrain_encoders(
                     if b[i] is None
                     else torch.baddbmm(b[i][:, None], h, Wt)
                 )
-                h = torch.relu(h) if i < L - 1 else h
-            per_seed = torch.stack(
-                [F.cross_entropy(h[k], s.types) for k, s in enumerate(batches)]
-            )
-            opt.zero_grad(set_to_none=True)
-            per_seed.sum().backward()
+                h = h.relu_() if i < L - 1 else h
+                acts.append(h)
+            # each seed's cross-entropy (its mean over the batch) and its gradient,
+            # written out: (softmax - one-hot) / B in the logits, passed back through
+            # every layer's weights and ReLU (whose output is >= 0: its sign is the
+            # 0/1 mask)
+            logp = torch.log_softmax(h, dim=-1)  # (S, B, types)
+            losses[:, step] = -logp.gather(-1, types).squeeze(-1).mean(-1)
+            d = logp.exp_().scatter_add_(-1, types, torch.full(types.shape, -1.0))
+            d.div_(B)
+            for i in reversed(range(L)):
+                W[i].grad = torch.bmm(d.transpose(1, 2), acts[i])
+                if b[i] is not None:
+                    b[i].grad = d.sum(1)
+                if i > 0:
+                    d = torch.bmm(d, W[i]).mul_(torch.sign(acts[i]))
             opt.step()
-            losses[:, step] = per_seed.detach()
         norms = torch.zeros(S, dtype=torch.float64)
         with torch.no_grad():
             for k, (seed, model) in enumerate(zip(seeds, models)):
