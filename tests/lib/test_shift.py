@@ -115,3 +115,32 @@ def test_overlap_none_is_the_orthogonal_world_and_needs_room():
         StyleShiftConfig(dim_input=16, dim_content=4, overlap_deg=45.0)
     with pytest.raises(ValueError, match="overlap_deg"):
         StyleShiftConfig(dim_input=20, dim_content=4, overlap_deg=120.0)
+
+
+@pytest.mark.parametrize("input_noise", [0.0, 0.3])
+def test_sample_worlds_draws_what_each_world_draws(input_noise):
+    # the batched sampler of Chapter 3's pretraining: the same numbers as sample(),
+    # world by world, from the same generators
+    from fmlab.data.shift import sample_worlds
+
+    cfg = StyleShiftConfig(dim_input=40, dim_content=8, input_noise=input_noise)
+    worlds = [
+        StyleShiftWorld(
+            StyleShiftConfig(**{**cfg.__dict__, "seed": s, "overlap_deg": a})
+        )
+        for s, a in ((0, None), (3, 60.0), (7, 75.0))
+    ]
+    for styles in ((0,), (1, 2, 3), range(4)):
+        gens = [torch.Generator().manual_seed(10 + i) for i in range(3)]
+        twins = [torch.Generator().manual_seed(10 + i) for i in range(3)]
+        for _ in range(2):  # and the streams stay in step
+            got = sample_worlds(worlds, 64, styles, gens)
+            for i, (w, g) in enumerate(zip(worlds, twins)):
+                one = w.sample(64, styles, g)
+                for field in ("x", "types", "labels", "styles"):
+                    assert torch.equal(getattr(got, field)[i], getattr(one, field))
+    with pytest.raises(ValueError, match="differ only"):
+        other = StyleShiftWorld(StyleShiftConfig(dim_input=40, dim_content=4))
+        sample_worlds([worlds[0], other], 4, (0,), gens[:2])
+    with pytest.raises(ValueError, match="one entry per world"):
+        sample_worlds(worlds, 4, (0,), gens[:2])

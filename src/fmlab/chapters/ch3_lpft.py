@@ -47,7 +47,7 @@ from torch import nn
 
 from .._validate import check_float, check_int, check_same_length, check_tensor
 from ..claims import SeedEffect
-from ..data.shift import StyleShiftConfig, StyleShiftWorld
+from ..data.shift import StyleShiftConfig, StyleShiftWorld, sample_worlds
 from ..models.mlp import MLP
 from ..repro import make_generator, seed_everything
 from ..train import cached, progress
@@ -1039,9 +1039,8 @@ def pretrain_encoders(
         for step in progress(
             range(cfg.pretrain_steps), total=cfg.pretrain_steps, desc="pretraining"
         ):
-            batches = [w.source(B, g) for w, g in zip(worlds, gens)]
-            h = torch.stack([s.x for s in batches])
-            types = torch.stack([s.types for s in batches]).unsqueeze(-1)  # (S, B, 1)
+            batch = sample_worlds(worlds, B, range(cfg.world.n_styles), gens)
+            h, types = batch.x, batch.types.unsqueeze(-1)  # (S, B, D), (S, B, 1)
             acts = [h]
             for i in range(L):  # a ReLU after every encoder layer, none after the head
                 Wt = W[i].transpose(1, 2)

@@ -50,14 +50,15 @@ Used in Chapter 3 (``notebooks/03-lp-vs-ft.ipynb``).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Sequence
 
 import torch
 
 from .._validate import check_float, check_int, check_tensor
 from ..repro import make_generator
 
-__all__ = ["StyleShiftConfig", "StyleShiftWorld", "LabelledSample"]
+__all__ = ["StyleShiftConfig", "StyleShiftWorld", "LabelledSample", "sample_worlds"]
 
 
 @dataclass(frozen=True)
@@ -222,3 +223,64 @@ class StyleShiftWorld:
             f"types={c.n_types}, classes={c.n_classes}, overlap={c.overlap_deg}, "
             f"seed={c.seed})"
         )
+
+
+def sample_worlds(
+    worlds: Sequence[StyleShiftWorld],
+    n: int,
+    styles,
+    generators: Sequence[torch.Generator],
+) -> LabelledSample:
+    """``worlds[w].sample(n, styles, generators[w])`` for every world at once, stacked.
+
+    The worlds must differ only in their seed and overlap angle (the same sizes and
+    noise levels). Each world draws from its own generator exactly what
+    :meth:`StyleShiftWorld.sample` draws, in the same order; the rest (the type means,
+    the rendering, the rule) is done for all worlds in batched products, which give
+    the same numbers as the worlds' own. Returns a :class:`LabelledSample` whose
+    fields carry a leading world axis: ``x`` ``(W, n, D)``, the others ``(W, n)``.
+    Chapter 3 pretrains the encoders of many worlds together on such batches.
+    """
+    worlds = list(worlds)
+    generators = list(generators)
+    if not worlds or not all(isinstance(w, StyleShiftWorld) for w in worlds):
+        raise TypeError("worlds must be a non-empty sequence of StyleShiftWorld")
+    if len(generators) != len(worlds):
+        raise ValueError(
+            f"generators must have one entry per world, got {len(generators)} and "
+            f"{len(worlds)}"
+        )
+    if not all(isinstance(g, torch.Generator) for g in generators):
+        raise TypeError("generators must be torch.Generator objects")
+    c = worlds[0].config
+    shape = replace(c, seed=0, overlap_deg=None)
+    if any(replace(w.config, seed=0, overlap_deg=None) != shape for w in worlds):
+        raise ValueError("worlds must differ only in their seed and overlap angle")
+    n = check_int("n", n, minimum=1)
+    styles = [check_int("styles", s, minimum=0, maximum=c.n_styles - 1) for s in styles]
+    if not styles:
+        raise ValueError("styles must name at least one style")
+    W = len(worlds)
+    picks, types, noise, input_noise = [], [], [], []
+    for g in generators:  # each world's draws, in the order of sample()
+        picks.append(torch.randint(len(styles), (n,), generator=g))
+        types.append(torch.randint(c.n_types, (n,), generator=g))
+        noise.append(torch.randn(n, c.dim_content, generator=g, dtype=torch.float64))
+        if c.input_noise > 0:
+            input_noise.append(
+                torch.randn(n, c.dim_input, generator=g, dtype=torch.float64)
+            )
+    style = torch.tensor(styles, dtype=torch.long)[torch.stack(picks)]  # (W, n)
+    t = torch.stack(types)
+    rows = torch.arange(W)[:, None]
+    means = torch.stack([w.type_means for w in worlds])  # (W, K, p)
+    z = means[rows, t] + c.content_noise * torch.stack(noise)  # (W, n, p)
+    blocks = torch.zeros(W, n, c.n_styles, c.dim_content, dtype=torch.float64)
+    blocks[rows, torch.arange(n), style] = z
+    render = torch.stack([w._render_all for w in worlds]).transpose(1, 2)
+    x = torch.bmm(blocks.reshape(W, n, -1), render)  # (W, n, D)
+    if c.input_noise > 0:
+        x = x + c.input_noise * torch.stack(input_noise)
+    rule = torch.stack([w.rule for w in worlds]).transpose(1, 2)  # (W, p, C)
+    y = torch.bmm(z, rule).argmax(-1)
+    return LabelledSample(x=x.float(), types=t, labels=y, styles=style)
