@@ -557,7 +557,13 @@ def test_chapter_paints_fast_on_a_slow_line(page, server, browser):
     try:
         # navigate without waiting for the load event: the paint is what is measured,
         # and the rest of the page (fonts, widget bundle) may load after it
-        driver.execute_cdp_cmd("Page.navigate", {"url": f"{server}/{page}.html"})
+        try:
+            driver.execute_cdp_cmd("Page.navigate", {"url": f"{server}/{page}.html"})
+        except ReadTimeoutError:
+            # as in the slider test: chromedriver sometimes never answers a navigation
+            # on the emulated line (06b's, once, in an idle fresh-clone run; more often
+            # under load): no measurement, said loudly, not a pass
+            pytest.xfail(f"{page}: the driver hung on the navigation; not measured")
         _wait(
             driver,
             f"return location.pathname.endsWith('/{page}.html') && "
