@@ -35,6 +35,7 @@ __all__ = [
     "malladi_table",
     "two_worlds",
     "two_worlds_table",
+    "two_worlds_text",
 ]
 
 #: Colours of the methods, the same in every figure of the chapter.
@@ -710,7 +711,7 @@ WORLDS = {
     "book": "no job for [CLS] (this page's world)",
     "main": "[CLS] learns sentence length, w = 1",
     "screen": "a topic in the text, w = 0",
-    "offset": "[CLS] learns sentence length, w = 1 (offset 903)",
+    "offset": "[CLS] learns sentence length, w = 1, three new pretrainings",
 }
 
 
@@ -791,3 +792,43 @@ def two_worlds_table(worlds: dict):
         "of the validated standard run over the validated prompt run"
     )
     return table(rows, caption=caption)
+
+
+def two_worlds_text(worlds: dict) -> dict[str, str]:
+    """The numbers the page's text quotes from the stored run, as strings named for
+    ``glue``. Per world ``w`` of ``worlds`` (:func:`second_world_results`):
+    ``ch4_w2_{w}``, the mean ± standard error over pretrainings of each pretraining's
+    mean contrast (points); ``ch4_w2_{w}_range``, its lowest to highest pretraining;
+    ``ch4_w2_{w}_n``, the pretrainings; ``ch4_w2_{w}_runs``, the runs;
+    ``ch4_w2_{w}_zero_shot`` and ``ch4_w2_{w}_std_ft_minus_lp``, the lowest to
+    highest pretraining's mean zero-shot accuracy (%) and standard FT − LP (points);
+    ``ch4_w2_{w}_kc``, the runs whose validated standard run changed its eNTK at least
+    twice as much as the validated prompt run ("a of b"), and ``ch4_w2_{w}_kc_median``,
+    the median of that ratio over runs."""
+    out = {}
+    for w in (n for n in WORLDS if n in worlds):
+        pre = worlds[w]["pretrainings"]
+        m = {
+            k: np.array([np.mean(p[k]) for p in pre], dtype=float)
+            for k in ("contrast", "zero_shot", "std_ft_minus_lp")
+        }
+        c = m["contrast"]
+        se = c.std(ddof=1) / np.sqrt(len(c)) if len(c) > 1 else float("nan")
+        kc = np.concatenate([np.asarray(p["kc_ratio"], dtype=float) for p in pre])
+        out |= {
+            f"ch4_w2_{w}": f"{c.mean():+.1f} ± {se:.1f}",
+            f"ch4_w2_{w}_range": f"{c.min():+.1f} to {c.max():+.1f}",
+            f"ch4_w2_{w}_n": f"{len(c)}",
+            f"ch4_w2_{w}_runs": f"{sum(len(p['contrast']) for p in pre)}",
+            f"ch4_w2_{w}_zero_shot": _span(m["zero_shot"], "{:.1f}"),
+            f"ch4_w2_{w}_std_ft_minus_lp": _span(m["std_ft_minus_lp"], "{:+.1f}"),
+            f"ch4_w2_{w}_kc": f"{int((kc >= 2).sum())} of {len(kc)}",
+            f"ch4_w2_{w}_kc_median": f"{np.median(kc):.2f}",
+        }
+    return out
+
+
+def _span(v: np.ndarray, fmt: str) -> str:
+    """ "lo to hi" of ``v`` in ``fmt`` (one number when they print alike)."""
+    lo, hi = fmt.format(v.min()), fmt.format(v.max())
+    return lo if lo == hi else f"{lo} to {hi}"
