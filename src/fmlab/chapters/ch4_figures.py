@@ -710,8 +710,8 @@ def malladi_table(runs, zero_shot: float, n_params: int, d_model: int):
 WORLDS = {
     "book": "no job for [CLS] (this page's world)",
     "main": "[CLS] learns sentence length, w = 1",
-    "screen": "a topic in the text, w = 0",
     "offset": "[CLS] learns sentence length, w = 1, three new pretrainings",
+    "screen": "a topic in the text, w = 0",
 }
 
 
@@ -801,7 +801,8 @@ def two_worlds_text(worlds: dict) -> dict[str, str]:
     mean contrast (points); ``ch4_w2_{w}_range``, its lowest to highest pretraining;
     ``ch4_w2_{w}_n``, the pretrainings; ``ch4_w2_{w}_runs``, the runs;
     ``ch4_w2_{w}_zero_shot`` and ``ch4_w2_{w}_std_ft_minus_lp``, the lowest to
-    highest pretraining's mean zero-shot accuracy (%) and standard FT − LP (points);
+    highest pretraining's mean zero-shot accuracy (%), standard FT − LP and standard
+    FT − eNTK (points);
     ``ch4_w2_{w}_kc``, the runs whose validated standard run changed its eNTK at least
     twice as much as the validated prompt run ("a of b"), and ``ch4_w2_{w}_kc_median``,
     the median of that ratio over runs."""
@@ -812,6 +813,9 @@ def two_worlds_text(worlds: dict) -> dict[str, str]:
             k: np.array([np.mean(p[k]) for p in pre], dtype=float)
             for k in ("contrast", "zero_shot", "std_ft_minus_lp")
         }
+        m["std_ft_minus_entk"] = np.array(
+            [np.mean(np.subtract(p["std_ft"], p["std_entk"])) for p in pre]
+        )
         c = m["contrast"]
         se = c.std(ddof=1) / np.sqrt(len(c)) if len(c) > 1 else float("nan")
         kc = np.concatenate([np.asarray(p["kc_ratio"], dtype=float) for p in pre])
@@ -822,6 +826,7 @@ def two_worlds_text(worlds: dict) -> dict[str, str]:
             f"ch4_w2_{w}_runs": f"{sum(len(p['contrast']) for p in pre)}",
             f"ch4_w2_{w}_zero_shot": _span(m["zero_shot"], "{:.1f}"),
             f"ch4_w2_{w}_std_ft_minus_lp": _span(m["std_ft_minus_lp"], "{:+.1f}"),
+            f"ch4_w2_{w}_std_ft_minus_entk": _span(m["std_ft_minus_entk"], "{:+.1f}"),
             f"ch4_w2_{w}_kc": f"{int((kc >= 2).sum())} of {len(kc)}",
             f"ch4_w2_{w}_kc_median": f"{np.median(kc):.2f}",
         }
