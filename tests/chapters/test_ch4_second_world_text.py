@@ -53,6 +53,8 @@ def test_the_quoted_numbers_are_the_per_pretraining_means():
     assert text["ch4_w2_main_zero_shot"] == "60.0 to 64.0"
     assert text["ch4_w2_main_std_ft_minus_lp"] == "+9.0 to +13.0"
     assert text["ch4_w2_main_std_ft_minus_entk"] == "+9.0 to +13.0"
+    assert text["ch4_w2_main_std_ft"] == "79.0 to 83.0"
+    assert text["ch4_w2_main_std_entk"] == "70.0"
     assert text["ch4_w2_main_kc"] == "3 of 6"  # 2.5, 3.0 and 2.0 reach 2
     assert text["ch4_w2_main_kc_median"] == "1.50"
     # the same value at every pretraining prints once

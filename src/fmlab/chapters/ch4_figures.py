@@ -802,7 +802,8 @@ def two_worlds_text(worlds: dict) -> dict[str, str]:
     ``ch4_w2_{w}_n``, the pretrainings; ``ch4_w2_{w}_runs``, the runs;
     ``ch4_w2_{w}_zero_shot`` and ``ch4_w2_{w}_std_ft_minus_lp``, the lowest to
     highest pretraining's mean zero-shot accuracy (%), standard FT − LP and standard
-    FT − eNTK (points);
+    FT − eNTK (points); ``ch4_w2_{w}_std_ft`` and ``ch4_w2_{w}_std_entk``, the same
+    spans of the validated standard run's and its eNTK's accuracy (%);
     ``ch4_w2_{w}_kc``, the runs whose validated standard run changed its eNTK at least
     twice as much as the validated prompt run ("a of b"), and ``ch4_w2_{w}_kc_median``,
     the median of that ratio over runs."""
@@ -811,7 +812,7 @@ def two_worlds_text(worlds: dict) -> dict[str, str]:
         pre = worlds[w]["pretrainings"]
         m = {
             k: np.array([np.mean(p[k]) for p in pre], dtype=float)
-            for k in ("contrast", "zero_shot", "std_ft_minus_lp")
+            for k in ("contrast", "zero_shot", "std_ft_minus_lp", "std_ft", "std_entk")
         }
         m["std_ft_minus_entk"] = np.array(
             [np.mean(np.subtract(p["std_ft"], p["std_entk"])) for p in pre]
@@ -827,6 +828,8 @@ def two_worlds_text(worlds: dict) -> dict[str, str]:
             f"ch4_w2_{w}_zero_shot": _span(m["zero_shot"], "{:.1f}"),
             f"ch4_w2_{w}_std_ft_minus_lp": _span(m["std_ft_minus_lp"], "{:+.1f}"),
             f"ch4_w2_{w}_std_ft_minus_entk": _span(m["std_ft_minus_entk"], "{:+.1f}"),
+            f"ch4_w2_{w}_std_ft": _span(m["std_ft"], "{:.1f}"),
+            f"ch4_w2_{w}_std_entk": _span(m["std_entk"], "{:.1f}"),
             f"ch4_w2_{w}_kc": f"{int((kc >= 2).sum())} of {len(kc)}",
             f"ch4_w2_{w}_kc_median": f"{np.median(kc):.2f}",
         }
