@@ -27,6 +27,7 @@ __all__ = [
     "drawing",
     "fig_to_png",
     "fit_to_column",
+    "glue",
     "glue_figure",
     "glue_texts",
     "text_collisions",
@@ -396,11 +397,31 @@ def fig_to_png(fig) -> bytes:
     return data
 
 
+#: The prefix of the MIME types of a value glued without being shown (myst-nb's).
+GLUE_PREFIX = "application/papermill.record/"
+
+
+def glue(name: str, variable, display: bool = True) -> None:
+    """Keep ``variable``'s display data in the cell's output under ``name``, for the
+    book's ``{glue:...}`` roles and directives: the output of ``myst_nb.glue``, the
+    same bytes, without importing myst-nb in the kernel. Its glue module imports
+    nbformat, whose JSON-schema checkers compile a grammar (``rfc3987_syntax``) at
+    import: 2-6 s for every chapter's kernel, for nothing a chapter uses. ``display``
+    shows the value in the cell too."""
+    from IPython.core.formatters import format_display_data
+    from IPython.display import display as show
+
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name must be a non-empty string, got {name!r}")
+    bundle, metadata = format_display_data(variable)
+    prefix = "" if display else GLUE_PREFIX
+    metadata["scrapbook"] = dict(name=name, mime_prefix=prefix)
+    show({prefix + k: v for k, v in bundle.items()}, raw=True, metadata=metadata)
+
+
 def glue_texts(texts: Mapping[str, str]) -> None:
     """Keep each text of ``texts`` under its name, for ``{glue:text}`name``` in the
     prose (the numbers a page quotes, computed by the run)."""
-    from myst_nb import glue
-
     if not isinstance(texts, Mapping):
         raise TypeError(
             f"texts must be a mapping name -> text, got {type(texts).__name__}"
@@ -427,8 +448,6 @@ def glue_figure(name: str, fig) -> None:
 
     The figure is fitted to the column like every other (:func:`use_style`).
     """
-    from myst_nb import glue
-
     glue(name, fig, display=False)
     plt.close(fig)
 

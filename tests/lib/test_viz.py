@@ -108,13 +108,12 @@ def test_table_text_has_no_trailing_padding():
 
 
 def test_glue_texts_keeps_each_text_and_names_bad_input(monkeypatch):
-    import myst_nb
-
+    from fmlab import viz
     from fmlab.viz import glue_texts
 
     kept = {}
     monkeypatch.setattr(
-        myst_nb, "glue", lambda name, text, display: kept.update({name: text})
+        viz, "glue", lambda name, text, display: kept.update({name: text})
     )
     glue_texts({"ch9_a": "1.5", "ch9_b": "2 of 3"})
     assert kept == {"ch9_a": "1.5", "ch9_b": "2 of 3"}
@@ -122,3 +121,29 @@ def test_glue_texts_keeps_each_text_and_names_bad_input(monkeypatch):
         glue_texts([("ch9_a", "1")])
     with pytest.raises(TypeError, match="'ch9_c' maps to float"):
         glue_texts({"ch9_c": 1.5})
+
+
+@pytest.mark.parametrize("display", [True, False])
+def test_glue_writes_what_myst_nb_glue_writes(monkeypatch, display):
+    """Oracle: myst-nb's own glue, whose output the book's roles read."""
+    import IPython.display
+    import matplotlib.pyplot as plt
+    from myst_nb.ext import glue as myst_glue
+
+    from fmlab.viz import glue
+
+    shown = []
+
+    def keep(*args, **kwargs):
+        shown.append((args, kwargs))
+
+    monkeypatch.setattr(IPython.display, "display", keep)
+    monkeypatch.setattr(myst_glue, "ipy_display", keep)
+    fig, ax = plt.subplots(figsize=(1, 1))
+    for value in ("0.25 ± 0.01", 3, fig):
+        glue("ch9_x", value, display=display)
+        myst_glue.glue("ch9_x", value, display=display)
+        assert shown[-2] == shown[-1]
+    plt.close(fig)
+    with pytest.raises(TypeError, match="name must be"):
+        glue("", 1)
