@@ -795,7 +795,45 @@ def _run_this_chapter(app, doctree, docname):
         + "#run-a-chapter-yourself",
     )
     para += nodes.Text(").")
+    took = _measured(app).get(Path(env.doc2path(docname)).stem)
+    if took is not None:  # the run whose outputs the page shows, measured by the build
+        seconds, computed = took
+        how = (
+            "with its models already trained"
+            if computed == 0
+            else "training its models"
+            if computed
+            else ""
+        )
+        para += nodes.Text(
+            f" Executing it for this site took {_duration(seconds)} on one core"
+            + (f", {how}" if how else "")
+            + " ("
+        )
+        para += nodes.reference(
+            "",
+            "every page's time",
+            internal=True,
+            refuri=app.builder.get_relative_uri(docname, "book/runtimes"),
+        )
+        para += nodes.Text(").")
     section.insert(1, para)
+
+
+def _duration(seconds: float) -> str:
+    """``seconds`` as a reader says it: "45 s", "3 min 20 s"."""
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes, rest = divmod(seconds, 60)
+    return f"{minutes} min {rest} s" if rest else f"{minutes} min"
+
+
+def _measured(app) -> dict:
+    """:func:`_measured_seconds`, read once per build."""
+    if getattr(app, "_fmlab_measured", None) is None:
+        app._fmlab_measured = _measured_seconds(app)
+    return app._fmlab_measured
 
 
 def _download_menu(app, pagename, templatename, context, doctree):
