@@ -65,6 +65,24 @@ def test_seed_everything_reproduces_numbers():
         seed_everything(-1)
 
 
+def test_seed_everything_turns_deterministic_algorithms_on_without_inductor():
+    """Oracle: torch's own report of the flags; in a fresh process, since the flags
+    are global."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch, fmlab; fmlab.seed_everything(0);"
+        "print(torch.are_deterministic_algorithms_enabled(),"
+        " torch.is_deterministic_algorithms_warn_only_enabled(),"
+        " 'torch._inductor' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert out == ["True", "True", "False"]
+
+
 @dataclass(frozen=True)
 class _Cfg:
     a: int = 1
