@@ -38,15 +38,22 @@ book: $(STAMP)
 	$(BIN)/jupyter-book build . --warningiserror --nitpick --keep-going
 	@echo "The book is in _build/html/index.html"
 
-# The browser test (one file, so one worker: its browser and server are set up once)
-# runs beside the others, on a worker of its own; its slow line is shaped by its own
-# server, so a busy core slows its pages but cannot stall a navigation.
+# The browser test runs at the same time as the others, in a process of its own (its
+# report follows theirs): its slow line is shaped by its own server, so a busy core slows
+# its pages but cannot stall a navigation.
 test: book
 	$(BIN)/ruff format --check src tests scripts notebooks book/_ext
 	$(BIN)/ruff check src tests scripts notebooks book/_ext
-	FMLAB_DRAW=0 $(BIN)/python -m pytest -n $$(( $(JOBS) + 1 )) --dist loadfile \
-		_build/executed tests \
-		--nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg --durations=15
+	$(BIN)/python -m pytest tests/book/test_browser.py > _build/browser-test.log 2>&1 & \
+	browser=$$!; \
+	FMLAB_DRAW=0 $(BIN)/python -m pytest -n $(JOBS) --dist loadfile \
+		_build/executed tests --ignore tests/book/test_browser.py \
+		--nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg \
+		--durations=15; rest=$$?; \
+	wait $$browser; status=$$?; \
+	echo "--- the browser test (tests/book/test_browser.py) ---"; \
+	cat _build/browser-test.log; \
+	test $$rest -eq 0 && test $$status -eq 0
 
 # One chapter alone, into the same execution cache: make chapter CH=04
 chapter: $(STAMP)
