@@ -762,7 +762,9 @@ def _is_chapter(env, docname: str) -> bool:
 
 
 def _run_this_chapter(app, doctree, docname):
-    """A line under a chapter's title: its executed notebook, the wheel, the source."""
+    """A line under a chapter's title: its executed notebook, the wheel, the source,
+    and how long executing the page took for this site (the run whose outputs it
+    shows, from the execution cache's record, as on the runtimes page)."""
     manifest = _downloads(app)
     env = app.env
     if manifest is None or not _is_chapter(env, docname):

@@ -109,6 +109,9 @@ def test_the_runtimes_page_compares_a_cached_run_with_the_cached_budget():
     )
     assert verdict(25.0, [60.0], 0).startswith("within the budget of a first run")
     assert "not recorded" in verdict(25.0, [180.0, 20.0], None)
+    # the time under a chapter's title, as a reader says it
+    said = [ext._duration(s) for s in (5.4, 59.4, 59.6, 62.0, 306.2, 300.0)]
+    assert said == ["5 s", "59 s", "1 min", "1 min 2 s", "5 min 6 s", "5 min"]
 
 
 def test_the_machine_speed_is_a_plausible_number():
