@@ -221,7 +221,7 @@ def worlds_sources() -> list:
     (:mod:`fmlab.stored`); the script's settings are in the file as its config."""
     from ..data import ginc
     from ..models import gpt
-    from ..repro import effective_seed, make_generator
+    from ..repro import effective_seed, make_generator, seed_everything
     from ..theory import bayes_icl
     from ..train import lr_factor
 
@@ -247,6 +247,7 @@ def worlds_sources() -> list:
         ch6_icl._bayes_on_prompts,
         ch6_icl.gain_per_seed,
         lr_factor,
+        seed_everything,
         make_generator,
         effective_seed,
         ginc,
