@@ -17,7 +17,7 @@ def _pretraining(seed, contrast, zero_shot, ft_minus_lp, kc):
         "contrast": list(contrast),
         "zero_shot": [zero_shot] * n,
         "std_ft_minus_lp": [ft_minus_lp] * n,
-        "prompt_abs_ft_minus_entk": [1.0] * n,
+        "prompt_abs_ft_minus_entk": [1.0 + (seed - 100) / 2] * n,  # 1.0, 1.5, 2.0
         "std_ft": [70.0 + ft_minus_lp] * n,
         "std_entk": [68.0 + seed - 100] * n,  # 68, 69, 70: not FT − LP's offset
         "kc_ratio": list(kc),
@@ -55,6 +55,7 @@ def test_the_quoted_numbers_are_the_per_pretraining_means():
     assert text["ch4_w2_main_std_ft_minus_entk"] == "+11.0 to +13.0"
     assert text["ch4_w2_main_std_ft"] == "79.0 to 83.0"
     assert text["ch4_w2_main_std_entk"] == "68.0 to 70.0"
+    assert text["ch4_w2_main_prompt_gap"] == "1.0 to 2.0"
     assert text["ch4_w2_main_kc"] == "3 of 6"  # 2.5, 3.0 and 2.0 reach 2
     assert text["ch4_w2_main_kc_median"] == "1.50"
     # the same value at every pretraining prints once

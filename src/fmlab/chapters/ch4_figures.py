@@ -812,15 +812,24 @@ def two_worlds_text(worlds: dict) -> dict[str, str]:
     highest pretraining's mean zero-shot accuracy (%), standard FT − LP and standard
     FT − eNTK (points); ``ch4_w2_{w}_std_ft`` and ``ch4_w2_{w}_std_entk``, the same
     spans of the validated standard run's and its eNTK's accuracy (%);
-    ``ch4_w2_{w}_kc``, the runs whose validated standard run changed its eNTK at least
-    twice as much as the validated prompt run ("a of b"), and ``ch4_w2_{w}_kc_median``,
-    the median of that ratio over runs."""
+    ``ch4_w2_{w}_prompt_gap``, the same span of the prompt side's
+    |FT − eNTK| (points); ``ch4_w2_{w}_kc``, the runs whose
+    validated standard run changed its eNTK at least twice as much as the validated
+    prompt run ("a of b"), and ``ch4_w2_{w}_kc_median``, the median of that ratio over
+    runs."""
     out = {}
     for w in (n for n in WORLDS if n in worlds):
         pre = worlds[w]["pretrainings"]
         m = {
             k: np.array([np.mean(p[k]) for p in pre], dtype=float)
-            for k in ("contrast", "zero_shot", "std_ft_minus_lp", "std_ft", "std_entk")
+            for k in (
+                "contrast",
+                "zero_shot",
+                "std_ft_minus_lp",
+                "std_ft",
+                "std_entk",
+                "prompt_abs_ft_minus_entk",
+            )
         }
         m["std_ft_minus_entk"] = np.array(
             [np.mean(np.subtract(p["std_ft"], p["std_entk"])) for p in pre]
@@ -838,6 +847,7 @@ def two_worlds_text(worlds: dict) -> dict[str, str]:
             f"ch4_w2_{w}_std_ft_minus_entk": _span(m["std_ft_minus_entk"], "{:+.1f}"),
             f"ch4_w2_{w}_std_ft": _span(m["std_ft"], "{:.1f}"),
             f"ch4_w2_{w}_std_entk": _span(m["std_entk"], "{:.1f}"),
+            f"ch4_w2_{w}_prompt_gap": _span(m["prompt_abs_ft_minus_entk"], "{:.1f}"),
             f"ch4_w2_{w}_kc": f"{int((kc >= 2).sum())} of {len(kc)}",
             f"ch4_w2_{w}_kc_median": f"{np.median(kc):.2f}",
         }
