@@ -1248,7 +1248,7 @@ def runtime_verdict(seconds: float, budget: list, computed: int | None) -> str:
 
 def _runtimes(app, node, fromdocname):
     env = app.env
-    measured = _measured_seconds(app)
+    measured = _measured(app)
     by_stem = {
         Path(env.doc2path(d)).stem: d for d in env.found_docs if _is_chapter(env, d)
     }

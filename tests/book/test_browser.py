@@ -85,7 +85,7 @@ class _Line:
     second in all, and each response starts ``latency`` seconds after its request (a
     round trip). The slow-line tests shape their traffic here, in the server, instead
     of through Chromium's network emulation, whose navigations chromedriver sometimes
-    never answered (a load event that never came: 1-4 of 20 slow-line pages a run,
+    never answered (a load event that never came: 1-4 of 17 slow-line pages a run,
     each a 120 s wait)."""
 
     CHUNK = 16 * 1024
