@@ -226,11 +226,13 @@ def size_sweep_compared(results: dict, tolerance: float) -> list[int]:
 
 #: The slice of the stored sweep that the tests rerun (under another rounding path
 #: than the record's, :func:`fmlab.stored.other_rounding`): the smallest size, three
-#: replicates, 200 steps, the probe at two sizes; seconds on one core.
+#: replicates, 100 steps (a 50-step warm-up), the probe at two sizes; seconds on one
+#: core.
 SIZE_SWEEP_SLICE = dict(
     sizes=(16,),
     n_models=3,
-    steps=200,
+    steps=100,
+    warmup=50,
     probe_sizes=(100, 500),
     n_probe_test=1000,
     n_gap=500,

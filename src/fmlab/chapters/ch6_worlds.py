@@ -264,11 +264,12 @@ def worlds_config(record: dict) -> WorldsConfig:
 
 
 #: The slice the tests rerun (under another rounding path than the record's): a tiny
-#: transformer, three training runs, 40 steps, one world, 200 prompts; seconds.
+#: transformer, three training runs, 20 steps, one world, 200 prompts; seconds.
 WORLDS_SLICE = dict(
     scale="tiny",
     offsets=(0,),
     model_seeds=(0, 1, 2),
+    steps=20,
     eval_seeds=(1, 2),
     n_prompts=200,
     bayes_eps=(0.15,),

@@ -1,0 +1,109 @@
+"""Replace the slice kept in a stored results file (:mod:`fmlab.stored`) by a fresh run
+of the slice its module defines today, on this machine, leaving the stored results
+and their fingerprint as they are.
+
+    python scripts/reslice.py ch6_worlds ch5_size_sweep   # after editing their *_SLICE
+
+A slice is a small run of the same code as the stored results (for example a few
+training steps of three replicates), which ``tests/chapters/test_stored_runs.py``
+reruns under another rounding path and compares with the record. When a module's
+``*_SLICE`` settings change (a smaller slice, say), the record must be rerun: this
+script does so and records a note in the file's history. It refuses a file whose code
+has changed since its results were stored (that needs the file's own script, with
+``--restamp`` or a full rerun), since a slice must come from the code that produced
+the results beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, replace
+
+# name: (module under fmlab.chapters, results path, sources, slice runner, its config)
+NAMES = (
+    "ch4_second_world",
+    "ch5_size_sweep",
+    "ch5_width_sweep",
+    "ch6_pretrained",
+    "ch6_worlds",
+)
+
+
+def _spec(name: str):
+    """The results file of ``name``, its sources, and the slice's config and runner."""
+    if name == "ch4_second_world":
+        from fmlab.chapters import ch4_second_world as m
+
+        return (
+            m.SECOND_WORLD_RESULTS,
+            m.second_world_sources(),
+            m.slice_config(),
+            m.second_world_slice,
+        )
+    if name == "ch5_size_sweep":
+        from fmlab.chapters import ch5_size as m
+
+        config = asdict(m.SizeSweepConfig(**m.SIZE_SWEEP_SLICE))
+        return m.SIZE_SWEEP_RESULTS, m.size_sweep_sources(), config, m.size_sweep_slice
+    if name == "ch5_width_sweep":
+        from fmlab.chapters import ch5_sgd_noise as m
+
+        config = asdict(m.WidthSweepConfig(**m.WIDTH_SWEEP_SLICE))
+        return (
+            m.WIDTH_SWEEP_RESULTS,
+            m.width_sweep_sources(),
+            config,
+            m.width_sweep_slice,
+        )
+    if name == "ch6_pretrained":
+        from fmlab.chapters import ch6_pretrained as m
+
+        config = asdict(replace(m.pretrained_config(), **m.PRETRAINED_SLICE))
+        return m.PRETRAINED_RESULTS, m.pretrained_sources(), config, m.pretrained_slice
+    from fmlab.chapters import ch6_worlds as m
+
+    config = asdict(m.WorldsConfig(**m.WORLDS_SLICE))
+    return m.WORLDS_RESULTS, m.worlds_sources(), config, m.worlds_slice
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("names", nargs="+", choices=NAMES, help="the results files")
+    a = ap.parse_args(argv)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+
+    from fmlab import stored
+
+    torch.set_num_threads(1)
+    status = 0
+    for name in a.names:
+        path, sources, config, run = _spec(name)
+        changed = stored.changed_sources(path, sources)
+        if changed:
+            print(f"{name}: its code changed ({', '.join(changed)}); rerun its script")
+            status = 1
+            continue
+        before = stored.read(path)["stored"]["slice"]["config"]
+        t0 = time.time()
+        result = run(config)
+        seconds = time.time() - t0
+        now = json.loads(json.dumps(config))  # tuples as the file keeps them
+        moved = {k: (before.get(k), v) for k, v in now.items() if before.get(k) != v}
+        note = (
+            f"Slice replaced (scripts/reslice.py): settings {moved} (was, now); "
+            f"the stored results are unchanged; the new slice took {seconds:.1f} s."
+        )
+        stored.restamp(
+            path, sources=sources, note=note, slice={"config": config, "result": result}
+        )
+        print(f"{name}: {note}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
