@@ -59,6 +59,19 @@ RUNS = {
         ch5_implicit_bias.SAME_LOSS_SLICE,
         ("warmup=100,", "warmup=50,", ch5_implicit_bias),
     ),
+    "ch5_noise_transfer": (
+        ch5_sgd_noise,
+        ch5_sgd_noise.NOISE_TRANSFER_RESULTS,
+        "scripts/ch5_noise_transfer.py",
+        ch5_sgd_noise.noise_transfer_results,
+        "noise_transfer_slice",
+        ch5_sgd_noise.NOISE_TRANSFER_SLICE,
+        (
+            "steps=c.continue_steps",
+            "steps=2 * c.continue_steps",
+            ch5_sgd_noise._noise_transfer_experiment,
+        ),
+    ),
     "ch5_width_sweep": (
         ch5_sgd_noise,
         ch5_sgd_noise.WIDTH_SWEEP_RESULTS,

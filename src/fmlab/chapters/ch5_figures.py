@@ -534,7 +534,8 @@ def effects_table(effects: dict, fmt: str = "{:+.3f}"):
 
 
 def _stored_run_text(record: dict | None) -> str:
-    """How the same-loss page's run was obtained, for its prose."""
+    """How a page's stored run was obtained (its ``"stored"`` record, with the run's
+    ``"wall_seconds"``), for its prose."""
     if record is None:
         return "this run, at another configuration or seed offset, was computed here"
     first = stored.origin(record)
@@ -654,6 +655,7 @@ def prose_noise(tres: dict, cfg) -> dict[str, str]:
         "ch5_tf_n_seeds": str(cfg.n_models),
         "ch5_tf_gaps": f"{float(tres['gap'].min()):.4f} to "
         f"{float(tres['gap'].max()):.4f}",
+        "ch5_tf_stored": _stored_run_text(tres.get("stored")),
     }
 
 
