@@ -26,6 +26,7 @@ from dataclasses import asdict, replace
 # name: (module under fmlab.chapters, results path, sources, slice runner, its config)
 NAMES = (
     "ch4_second_world",
+    "ch5_noise_transfer",
     "ch5_size_sweep",
     "ch5_width_sweep",
     "ch6_pretrained",
@@ -43,6 +44,16 @@ def _spec(name: str):
             m.second_world_sources(),
             m.slice_config(),
             m.second_world_slice,
+        )
+    if name == "ch5_noise_transfer":
+        from fmlab.chapters import ch5_sgd_noise as m
+
+        config = asdict(replace(m.NoiseTransferConfig(), **m.NOISE_TRANSFER_SLICE))
+        return (
+            m.NOISE_TRANSFER_RESULTS,
+            m.noise_transfer_sources(),
+            config,
+            m.noise_transfer_slice,
         )
     if name == "ch5_size_sweep":
         from fmlab.chapters import ch5_size as m
