@@ -25,6 +25,8 @@ import torch
 
 from fmlab import stored
 from fmlab.chapters import (
+    ch3_lpft,
+    ch3_stored,
     ch4_second_world,
     ch5_implicit_bias,
     ch5_sgd_noise,
@@ -37,6 +39,15 @@ from fmlab.chapters import (
 # (module, results file, script, loader, the slice's runner, the slice's settings and
 # its config class, a line of the producing code and its edit)
 RUNS = {
+    "ch3_lpft": (
+        ch3_stored,
+        ch3_stored.LPFT_RESULTS,
+        "scripts/ch3_lpft.py",
+        ch3_stored.lpft_results,
+        "lpft_slice",
+        ch3_stored.LPFT_SLICE,
+        ("pre_losses[:, -50:]", "pre_losses[:, -40:]", ch3_lpft._lpft_results),
+    ),
     "ch4_second_world": (
         ch4_second_world,
         ch4_second_world.SECOND_WORLD_RESULTS,

@@ -1163,6 +1163,207 @@ def _hits(logits, labels):
     return float((logits.argmax(1) == labels).double().mean())
 
 
+def _lpft_results(cfg: LPFTConfig) -> dict:
+    """The computation behind :func:`run_lpft_experiment`, neither cached nor read
+    from the stored results (the script that stores them calls it)."""
+    S, C, alpha = len(cfg.seeds), cfg.world.n_classes, cfg.label_smoothing
+    grids = {"lp": cfg.l2s, "ft": cfg.lrs, "lpft": cfg.lrs}
+    grids["scratch"] = cfg.scratch_lrs
+    f64 = torch.float64
+    acc = {m: torch.zeros(S, 2, dtype=f64) for m in METHODS}
+    chosen = {m: torch.zeros(S, dtype=f64) for m in METHODS}
+    chosen_index = {m: torch.zeros(S, dtype=torch.long) for m in METHODS}
+    sweep = {m: torch.zeros(S, len(grids[m]), 3, dtype=f64) for m in METHODS}
+    G, R = len(cfg.lrs), cfg.ft_steps // cfg.track_every + 1
+    R += cfg.ft_steps % cfg.track_every != 0
+    change = {m: torch.full((S, G, 2), math.nan, dtype=f64) for m in FINE_TUNED}
+    ood_max = {m: torch.full((S, G), math.nan, dtype=f64) for m in FINE_TUNED}
+    span = {m: torch.full((S, G), math.nan, dtype=f64) for m in FINE_TUNED}
+    trace = {m: torch.full((S, G, R, 3), math.nan, dtype=f64) for m in FINE_TUNED}
+    H = cfg.ft_heads
+    head_rows = {
+        m: torch.full((S, H if m == "ft" else 1, G, 3), math.nan, dtype=f64)
+        for m in FINE_TUNED
+    }
+    lp_loss, norm_id = torch.zeros(S, dtype=f64), torch.zeros(S, dtype=f64)
+    lp_train_acc = torch.zeros(S, dtype=f64)
+    overlap = make_world(cfg.world).overlap()
+
+    # every world's encoder, pretrained together, and its data
+    encoders, pre_losses = pretrain_encoders(cfg, cfg.seeds)
+    data, renders = [], []
+    for seed in cfg.seeds:
+        world = make_world(dataclasses.replace(cfg.world, seed=seed))
+        renders.append(world.render.float())
+        g = make_generator(10_000 + seed)
+        data.append(
+            [
+                world.in_distribution(cfg.n_train, g),
+                world.in_distribution(cfg.n_val, g),
+                world.in_distribution(cfg.n_test, g),
+                world.out_of_distribution(cfg.n_test, g),
+            ]
+        )
+
+    def choose(m, si, rows, order):
+        for j, r in enumerate(rows):
+            sweep[m][si, j] = torch.tensor(r, dtype=f64)
+        scores = [r[0] for r in rows]
+        best = select_by_validation(scores, order, tolerance=_tolerance(cfg, scores))
+        acc[m][si] = sweep[m][si, best, 1:]
+        chosen[m][si] = float(grids[m][best])
+        chosen_index[m][si] = best
+        return best
+
+    @torch.no_grad()
+    def evaluate(enc, head, si, phi=None):  # val, ID, OOD accuracy; features
+        samples = data[si][1:]
+        phi = phi or [enc(s.x) for s in samples]
+        row = [_hits(head(f), s.labels) for f, s in zip(phi, samples)]
+        return row, phi[1], phi[2]
+
+    # LP: exact regularised logistic regression on frozen features, solved from
+    # the strongest regularisation down (each solve warm-starts the next)
+    lp_heads, before = [], []
+    for si in progress(range(S), total=S, desc="linear probes"):
+        train_s, encoder = data[si][0], encoders[si]
+        with torch.no_grad():
+            feats = encoder(train_s.x)
+            phi = [encoder(s.x) for s in data[si][1:]]
+        before.append(phi[1:])
+        norm_id[si] = phi[1].norm(dim=1).mean()
+        heads, rows, init = [None] * len(cfg.l2s), [None] * len(cfg.l2s), None
+        for j in reversed(range(len(cfg.l2s))):
+            W, b = softmax_regression(
+                feats,
+                train_s.labels,
+                C,
+                l2=cfg.l2s[j],
+                label_smoothing=alpha,
+                init=init,
+            )
+            init, heads[j] = (W, b), linear_head(W, b)
+            rows[j] = evaluate(encoder, heads[j], si, phi)[0]
+        best = choose("lp", si, rows, _conservative_order("lp", len(cfg.l2s)))
+        lp_heads.append(heads[best])
+        with torch.no_grad():
+            lp_loss[si] = F.cross_entropy(
+                heads[best](feats), train_s.labels, label_smoothing=alpha
+            )
+            lp_train_acc[si] = _hits(heads[best](feats), train_s.labels)
+
+    trace_steps = None
+    for si, seed in enumerate(progress(cfg.seeds, total=S, desc="fine-tuning")):
+        train_s, encoder = data[si][0], encoders[si]
+        # FT and LP-FT: the same fine-tuning, from random heads or the LP head, at
+        # every learning rate (all (H + 1) G runs trained together)
+        heads = [
+            random_head(cfg.rep_dim, C, make_generator(1_000_000 * h + 20_000 + seed))
+            for h in range(H)
+        ]
+        plan = [(h, j) for h in range(H) for j in searched(cfg, "ft")]  # FT runs
+        runs = fine_tune_batch(
+            encoder,
+            [heads[h] for h, _ in plan] + [lp_heads[si]] * G,
+            train_s.x,
+            train_s.labels,
+            lrs=[cfg.lrs[j] for _, j in plan] + list(cfg.lrs),
+            steps=cfg.ft_steps,
+            momentum=cfg.momentum,
+            label_smoothing=alpha,
+            track={n: data[si][i].x[: cfg.n_track] for n, i in (("id", 2), ("ood", 3))},
+            track_every=cfg.track_every,
+        )
+        trace_steps = runs.trace_steps
+        # each run's features of the validation, ID and OOD test inputs, through
+        # the span of the training inputs (B0 x and Q^T x computed once)
+        Q = _row_space(train_s.x)
+        with torch.no_grad():
+            shared = [
+                (encoder.net[0](s.x), s.x @ Q)
+                for s in (data[si][1:] if Q is not None else [])
+            ]
+
+        def features_of(enc):
+            if Q is None:
+                with torch.no_grad():
+                    return [enc(s.x) for s in data[si][1:]]
+            return _span_features(encoder.net[0], Q, shared, enc)
+
+        where = {
+            "ft": {hj: r for r, hj in enumerate(plan)},
+            "lpft": {(0, j): len(plan) + j for j in range(G)},
+        }
+        for m in FINE_TUNED:
+            n_heads = H if m == "ft" else 1
+            moved = torch.full((n_heads, G, 2), math.nan, dtype=f64)
+            worst = torch.full((n_heads, G), math.nan, dtype=f64)
+            resid = torch.full((n_heads, G), math.nan, dtype=f64)
+            for (h, j), r in where[m].items():
+                if bool(runs.diverged[r]):
+                    continue
+                enc_r = runs.encoders[r]
+                row, phi_id, phi_ood = evaluate(
+                    enc_r, runs.heads[r], si, features_of(enc_r)
+                )
+                head_rows[m][si, h, j] = torch.tensor(row, dtype=f64)
+                d_id = (phi_id - before[si][0]).norm(dim=1)
+                d_ood = (phi_ood - before[si][1]).norm(dim=1)
+                moved[h, j] = torch.stack([d_id.mean(), d_ood.mean()])
+                worst[h, j] = d_ood.max()
+                resid[h, j] = _span_residual(encoder, enc_r, renders[si])
+                if h == 0:  # the trace of the first head's run
+                    trace[m][si, j] = torch.stack(
+                        [runs.trace[k][r] for k in ("train_loss", "id", "ood")],
+                        1,
+                    )
+            # over the heads: the mean accuracies and change, the largest OOD change
+            # and span residual; a rate where a run diverged (or FT did not run) is
+            # NaN, and never chosen
+            change[m][si], ood_max[m][si] = moved.mean(0), worst.amax(0)
+            span[m][si] = resid.amax(0)
+            choose(m, si, head_rows[m][si].mean(0).tolist(), list(range(G)))
+
+        # scratch: the same encoder from PyTorch's default initialisation and a
+        # random head, trained like FT on the same ID examples
+        seed_everything(30_000 + seed)
+        scratch = fine_tune_batch(
+            build_encoder(cfg),
+            [random_head(cfg.rep_dim, C, make_generator(50_000 + seed))]
+            * len(cfg.scratch_lrs),
+            train_s.x,
+            train_s.labels,
+            lrs=list(cfg.scratch_lrs),
+            steps=cfg.scratch_steps,
+            momentum=cfg.momentum,
+            label_smoothing=alpha,
+        )
+        rows = []
+        for r in range(len(cfg.scratch_lrs)):
+            if bool(scratch.diverged[r]):
+                rows.append([math.nan] * 3)
+            else:
+                rows.append(evaluate(scratch.encoders[r], scratch.heads[r], si)[0])
+        choose("scratch", si, rows, list(range(len(cfg.scratch_lrs))))
+    return {
+        "acc": acc,
+        "chosen": chosen,
+        "chosen_index": chosen_index,
+        "sweep": sweep,
+        "change": change,
+        "ood_change_max": ood_max,
+        "trace": trace,
+        "trace_steps": trace_steps,
+        "lp_train_loss": lp_loss,
+        "lp_train_acc": lp_train_acc,
+        "pretrain_loss": pre_losses[:, -50:].mean(1).double(),
+        "feature_norm_id": norm_id,
+        "span_residual": span,
+        "overlap": overlap,
+        "ft_heads": head_rows["ft"],
+    }
+
+
 def run_lpft_experiment(cfg: LPFTConfig) -> dict:
     """LP, FT, LP-FT and the scratch baseline on every seed's world; cached on disk.
 
@@ -1200,211 +1401,14 @@ def run_lpft_experiment(cfg: LPFTConfig) -> dict:
     if not isinstance(cfg, LPFTConfig):
         raise TypeError(f"cfg must be a LPFTConfig, got {type(cfg).__name__}")
 
-    def build():
-        S, C, alpha = len(cfg.seeds), cfg.world.n_classes, cfg.label_smoothing
-        grids = {"lp": cfg.l2s, "ft": cfg.lrs, "lpft": cfg.lrs}
-        grids["scratch"] = cfg.scratch_lrs
-        f64 = torch.float64
-        acc = {m: torch.zeros(S, 2, dtype=f64) for m in METHODS}
-        chosen = {m: torch.zeros(S, dtype=f64) for m in METHODS}
-        chosen_index = {m: torch.zeros(S, dtype=torch.long) for m in METHODS}
-        sweep = {m: torch.zeros(S, len(grids[m]), 3, dtype=f64) for m in METHODS}
-        G, R = len(cfg.lrs), cfg.ft_steps // cfg.track_every + 1
-        R += cfg.ft_steps % cfg.track_every != 0
-        change = {m: torch.full((S, G, 2), math.nan, dtype=f64) for m in FINE_TUNED}
-        ood_max = {m: torch.full((S, G), math.nan, dtype=f64) for m in FINE_TUNED}
-        span = {m: torch.full((S, G), math.nan, dtype=f64) for m in FINE_TUNED}
-        trace = {m: torch.full((S, G, R, 3), math.nan, dtype=f64) for m in FINE_TUNED}
-        H = cfg.ft_heads
-        head_rows = {
-            m: torch.full((S, H if m == "ft" else 1, G, 3), math.nan, dtype=f64)
-            for m in FINE_TUNED
-        }
-        lp_loss, norm_id = torch.zeros(S, dtype=f64), torch.zeros(S, dtype=f64)
-        lp_train_acc = torch.zeros(S, dtype=f64)
-        overlap = make_world(cfg.world).overlap()
+    # page 03's runs at seed offset 0 are stored with the book
+    # (:mod:`fmlab.chapters.ch3_stored`); any other config or offset is computed
+    from .ch3_stored import stored_result
 
-        # every world's encoder, pretrained together, and its data
-        encoders, pre_losses = pretrain_encoders(cfg, cfg.seeds)
-        data, renders = [], []
-        for seed in cfg.seeds:
-            world = make_world(dataclasses.replace(cfg.world, seed=seed))
-            renders.append(world.render.float())
-            g = make_generator(10_000 + seed)
-            data.append(
-                [
-                    world.in_distribution(cfg.n_train, g),
-                    world.in_distribution(cfg.n_val, g),
-                    world.in_distribution(cfg.n_test, g),
-                    world.out_of_distribution(cfg.n_test, g),
-                ]
-            )
-
-        def choose(m, si, rows, order):
-            for j, r in enumerate(rows):
-                sweep[m][si, j] = torch.tensor(r, dtype=f64)
-            scores = [r[0] for r in rows]
-            best = select_by_validation(
-                scores, order, tolerance=_tolerance(cfg, scores)
-            )
-            acc[m][si] = sweep[m][si, best, 1:]
-            chosen[m][si] = float(grids[m][best])
-            chosen_index[m][si] = best
-            return best
-
-        @torch.no_grad()
-        def evaluate(enc, head, si, phi=None):  # val, ID, OOD accuracy; features
-            samples = data[si][1:]
-            phi = phi or [enc(s.x) for s in samples]
-            row = [_hits(head(f), s.labels) for f, s in zip(phi, samples)]
-            return row, phi[1], phi[2]
-
-        # LP: exact regularised logistic regression on frozen features, solved from
-        # the strongest regularisation down (each solve warm-starts the next)
-        lp_heads, before = [], []
-        for si in progress(range(S), total=S, desc="linear probes"):
-            train_s, encoder = data[si][0], encoders[si]
-            with torch.no_grad():
-                feats = encoder(train_s.x)
-                phi = [encoder(s.x) for s in data[si][1:]]
-            before.append(phi[1:])
-            norm_id[si] = phi[1].norm(dim=1).mean()
-            heads, rows, init = [None] * len(cfg.l2s), [None] * len(cfg.l2s), None
-            for j in reversed(range(len(cfg.l2s))):
-                W, b = softmax_regression(
-                    feats,
-                    train_s.labels,
-                    C,
-                    l2=cfg.l2s[j],
-                    label_smoothing=alpha,
-                    init=init,
-                )
-                init, heads[j] = (W, b), linear_head(W, b)
-                rows[j] = evaluate(encoder, heads[j], si, phi)[0]
-            best = choose("lp", si, rows, _conservative_order("lp", len(cfg.l2s)))
-            lp_heads.append(heads[best])
-            with torch.no_grad():
-                lp_loss[si] = F.cross_entropy(
-                    heads[best](feats), train_s.labels, label_smoothing=alpha
-                )
-                lp_train_acc[si] = _hits(heads[best](feats), train_s.labels)
-
-        trace_steps = None
-        for si, seed in enumerate(progress(cfg.seeds, total=S, desc="fine-tuning")):
-            train_s, encoder = data[si][0], encoders[si]
-            # FT and LP-FT: the same fine-tuning, from random heads or the LP head, at
-            # every learning rate (all (H + 1) G runs trained together)
-            heads = [
-                random_head(
-                    cfg.rep_dim, C, make_generator(1_000_000 * h + 20_000 + seed)
-                )
-                for h in range(H)
-            ]
-            plan = [(h, j) for h in range(H) for j in searched(cfg, "ft")]  # FT runs
-            runs = fine_tune_batch(
-                encoder,
-                [heads[h] for h, _ in plan] + [lp_heads[si]] * G,
-                train_s.x,
-                train_s.labels,
-                lrs=[cfg.lrs[j] for _, j in plan] + list(cfg.lrs),
-                steps=cfg.ft_steps,
-                momentum=cfg.momentum,
-                label_smoothing=alpha,
-                track={
-                    n: data[si][i].x[: cfg.n_track] for n, i in (("id", 2), ("ood", 3))
-                },
-                track_every=cfg.track_every,
-            )
-            trace_steps = runs.trace_steps
-            # each run's features of the validation, ID and OOD test inputs, through
-            # the span of the training inputs (B0 x and Q^T x computed once)
-            Q = _row_space(train_s.x)
-            with torch.no_grad():
-                shared = [
-                    (encoder.net[0](s.x), s.x @ Q)
-                    for s in (data[si][1:] if Q is not None else [])
-                ]
-
-            def features_of(enc):
-                if Q is None:
-                    with torch.no_grad():
-                        return [enc(s.x) for s in data[si][1:]]
-                return _span_features(encoder.net[0], Q, shared, enc)
-
-            where = {
-                "ft": {hj: r for r, hj in enumerate(plan)},
-                "lpft": {(0, j): len(plan) + j for j in range(G)},
-            }
-            for m in FINE_TUNED:
-                n_heads = H if m == "ft" else 1
-                moved = torch.full((n_heads, G, 2), math.nan, dtype=f64)
-                worst = torch.full((n_heads, G), math.nan, dtype=f64)
-                resid = torch.full((n_heads, G), math.nan, dtype=f64)
-                for (h, j), r in where[m].items():
-                    if bool(runs.diverged[r]):
-                        continue
-                    enc_r = runs.encoders[r]
-                    row, phi_id, phi_ood = evaluate(
-                        enc_r, runs.heads[r], si, features_of(enc_r)
-                    )
-                    head_rows[m][si, h, j] = torch.tensor(row, dtype=f64)
-                    d_id = (phi_id - before[si][0]).norm(dim=1)
-                    d_ood = (phi_ood - before[si][1]).norm(dim=1)
-                    moved[h, j] = torch.stack([d_id.mean(), d_ood.mean()])
-                    worst[h, j] = d_ood.max()
-                    resid[h, j] = _span_residual(encoder, enc_r, renders[si])
-                    if h == 0:  # the trace of the first head's run
-                        trace[m][si, j] = torch.stack(
-                            [runs.trace[k][r] for k in ("train_loss", "id", "ood")],
-                            1,
-                        )
-                # over the heads: the mean accuracies and change, the largest OOD change
-                # and span residual; a rate where a run diverged (or FT did not run) is
-                # NaN, and never chosen
-                change[m][si], ood_max[m][si] = moved.mean(0), worst.amax(0)
-                span[m][si] = resid.amax(0)
-                choose(m, si, head_rows[m][si].mean(0).tolist(), list(range(G)))
-
-            # scratch: the same encoder from PyTorch's default initialisation and a
-            # random head, trained like FT on the same ID examples
-            seed_everything(30_000 + seed)
-            scratch = fine_tune_batch(
-                build_encoder(cfg),
-                [random_head(cfg.rep_dim, C, make_generator(50_000 + seed))]
-                * len(cfg.scratch_lrs),
-                train_s.x,
-                train_s.labels,
-                lrs=list(cfg.scratch_lrs),
-                steps=cfg.scratch_steps,
-                momentum=cfg.momentum,
-                label_smoothing=alpha,
-            )
-            rows = []
-            for r in range(len(cfg.scratch_lrs)):
-                if bool(scratch.diverged[r]):
-                    rows.append([math.nan] * 3)
-                else:
-                    rows.append(evaluate(scratch.encoders[r], scratch.heads[r], si)[0])
-            choose("scratch", si, rows, list(range(len(cfg.scratch_lrs))))
-        return {
-            "acc": acc,
-            "chosen": chosen,
-            "chosen_index": chosen_index,
-            "sweep": sweep,
-            "change": change,
-            "ood_change_max": ood_max,
-            "trace": trace,
-            "trace_steps": trace_steps,
-            "lp_train_loss": lp_loss,
-            "lp_train_acc": lp_train_acc,
-            "pretrain_loss": pre_losses[:, -50:].mean(1).double(),
-            "feature_norm_id": norm_id,
-            "span_residual": span,
-            "overlap": overlap,
-            "ft_heads": head_rows["ft"],
-        }
-
-    return cached(cfg, build, name="ch03_lpft")
+    kept = stored_result(cfg)
+    if kept is not None:
+        return kept
+    return cached(cfg, lambda: _lpft_results(cfg), name="ch03_lpft")
 
 
 def overlap_sweep(

@@ -1,0 +1,256 @@
+"""Page 03's nonlinear experiment, stored (Chapter 3).
+
+Page 03 runs :func:`fmlab.chapters.ch3_lpft.run_lpft_experiment` at two overlap angles
+on ten worlds (75° and 45°) and at three more on three worlds (the overlap sweep, 60°,
+70° and 90°): 29 pretrained encoders, each adapted by LP, FT, LP-FT and the scratch
+baseline over their grids, about 140 s of one core on an idle machine and more than the
+page's budget. ``scripts/ch3_lpft.py`` runs those five experiments once, exactly as the
+page would at seed offset 0 (one thread, a fresh model cache), into
+``results/ch3_lpft.json``: each experiment's config and its whole result (every tensor
+that :func:`~fmlab.chapters.ch3_lpft.run_lpft_experiment` returns, to the last bit),
+with the fingerprint of the code that computes them (:mod:`fmlab.stored`).
+
+:func:`stored_result` is the switch: at seed offset 0, an experiment whose
+:class:`~fmlab.chapters.ch3_lpft.LPFTConfig` is exactly one of the stored ones is read
+from the file by :func:`~fmlab.chapters.ch3_lpft.run_lpft_experiment` instead of
+being computed; at any other seed offset or config it is computed as before. A stored
+file whose code has changed raises :class:`fmlab.stored.StaleResults`, naming the
+script. The file also keeps a slice (:data:`LPFT_SLICE`: the same experiment on three
+small worlds with short grids and a few steps), which the tests rerun under another
+rounding path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from .. import stored
+from ..repro import seed_offset, single_threaded
+from . import ch3_lpft
+
+__all__ = [
+    "LPFT_RESULTS",
+    "LPFT_SCRIPT",
+    "LPFT_SLICE",
+    "config_record",
+    "lpft_config",
+    "lpft_run",
+    "lpft_slice",
+    "lpft_results",
+    "lpft_sources",
+    "lpft_slice_config",
+    "stored_result",
+]
+
+LPFT_RESULTS = Path(__file__).parent / "results" / "ch3_lpft.json"
+LPFT_SCRIPT = "scripts/ch3_lpft.py"
+
+#: The slice the tests rerun (under another rounding path than the record's): the
+#: experiment in the page's kind of world (the config's default, the page's world at
+#: 75°) on three worlds, with short grids, short pretraining and fine-tuning and small
+#: evaluation sets; about a second of one core.
+LPFT_SLICE = dict(
+    pretrain_steps=20,
+    n_train=128,
+    n_val=400,
+    n_test=400,
+    n_track=100,
+    ft_steps=15,
+    track_every=5,
+    scratch_steps=15,
+    lrs=(1e-4, 1e-3, 1e-2),
+    l2s=(1e-4, 1e-2),
+    scratch_lrs=(1e-3, 1e-2),
+    seeds=(0, 1, 2),
+)
+
+
+def config_record(cfg: ch3_lpft.LPFTConfig) -> dict:
+    """``cfg`` as plain JSON data, with the class of its world (the key by which a
+    stored experiment is found)."""
+    if not isinstance(cfg, ch3_lpft.LPFTConfig):
+        raise TypeError(f"cfg must be a LPFTConfig, got {type(cfg).__name__}")
+    data = json.loads(json.dumps(dataclasses.asdict(cfg)))
+    data["world"]["class"] = type(cfg.world).__name__
+    return data
+
+
+def lpft_config(record: dict) -> ch3_lpft.LPFTConfig:
+    """The :class:`~fmlab.chapters.ch3_lpft.LPFTConfig` of a config record (the
+    inverse of :func:`config_record`; a world without ``"class"`` is a
+    :class:`~fmlab.data.shift.StyleShiftConfig`)."""
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in record.items()}
+    world = dict(record["world"])
+    kind = world.pop("class", "StyleShiftConfig")
+    classes = {
+        "StyleShiftConfig": ch3_lpft.StyleShiftConfig,
+        "SharedStyleConfig": ch3_lpft.SharedStyleConfig,
+    }
+    values["world"] = classes[kind](**world)
+    return ch3_lpft.LPFTConfig(**values)
+
+
+@contextlib.contextmanager
+def _fresh_run():
+    """Run the block at seed offset 0 (the published book's seeds), on one thread,
+    with an empty model cache of its own (so that nothing is read from an earlier
+    run's entries)."""
+    old = {k: os.environ.pop(k, None) for k in ("FMLAB_SEED_OFFSET", "FMLAB_CACHE_DIR")}
+    try:
+        with tempfile.TemporaryDirectory() as tmp, single_threaded():
+            os.environ["FMLAB_CACHE_DIR"] = tmp
+            yield
+    finally:
+        os.environ.pop("FMLAB_CACHE_DIR", None)
+        for k, v in old.items():
+            if v is not None:
+                os.environ[k] = v
+
+
+def _encode(result: dict) -> dict:
+    """A result of :func:`~fmlab.chapters.ch3_lpft.run_lpft_experiment` as JSON data
+    (tensors by :func:`fmlab.stored.encode_tensors`, exact; numbers as they are)."""
+    return {
+        k: {"number": v} if isinstance(v, (int, float)) else stored.encode_tensors(v)
+        for k, v in result.items()
+    }
+
+
+def _decode(data: dict) -> dict:
+    return {
+        k: v["number"] if set(v) == {"number"} else stored.decode_tensors(v)
+        for k, v in data.items()
+    }
+
+
+def lpft_slice_config() -> ch3_lpft.LPFTConfig:
+    """The slice's config: :data:`LPFT_SLICE` on the defaults of
+    :class:`~fmlab.chapters.ch3_lpft.LPFTConfig`."""
+    return ch3_lpft.LPFTConfig(**LPFT_SLICE)
+
+
+def lpft_run(config: ch3_lpft.LPFTConfig) -> dict:
+    """Compute the experiment of ``config`` as the page does (at seed offset 0, on one
+    thread, from a fresh model cache) and return it as plain data for JSON:
+    ``{"config": config_record(config), "result": ...}``."""
+    with _fresh_run():
+        result = ch3_lpft._lpft_results(config)
+    return {"config": config_record(config), "result": _encode(result)}
+
+
+def lpft_slice(record: dict | None = None) -> dict:
+    """Run the slice (the config ``record``, by default :data:`LPFT_SLICE` on the
+    defaults of :class:`~fmlab.chapters.ch3_lpft.LPFTConfig`): per world (the
+    replicates, first axis) the quantities that :func:`fmlab.stored.compare_runs`
+    compares: the pretraining loss, the chosen probe's training loss, the feature norm
+    of the ID test inputs, LP-FT's final training loss and ID feature change at every
+    rate, and FT's final training loss at every searched rate."""
+    config = lpft_slice_config() if record is None else lpft_config(record)
+    with _fresh_run():
+        res = ch3_lpft._lpft_results(config)
+    ft = ch3_lpft.searched(config, "ft")
+    return {
+        "pretrain_loss": res["pretrain_loss"].tolist(),
+        "lp_train_loss": res["lp_train_loss"].tolist(),
+        "feature_norm_id": res["feature_norm_id"].tolist(),
+        "lpft_train_loss": res["trace"]["lpft"][:, :, -1, 0].tolist(),
+        "lpft_change_id": res["change"]["lpft"][:, :, 0].tolist(),
+        "ft_train_loss": res["trace"]["ft"][:, ft, -1, 0].tolist(),
+    }
+
+
+def lpft_sources() -> list:
+    """The package code that computes the stored experiments, for their fingerprint
+    (:mod:`fmlab.stored`); the script's settings are in the file as its configs."""
+    from ..data import shift
+    from ..models import mlp
+    from ..repro import effective_seed, make_generator, seed_everything
+
+    m = ch3_lpft
+    return [
+        config_record,
+        lpft_config,
+        lpft_run,
+        lpft_slice,
+        lpft_slice_config,
+        _fresh_run,
+        _encode,
+        _decode,
+        m.LPFTConfig,
+        m.SharedStyleConfig,
+        m.SharedStyleWorld,
+        m.make_world,
+        m.searched,
+        m.at_angle,
+        m.build_encoder,
+        m._linears,
+        m.pretrain_encoders,
+        m._soft_targets,
+        m._softmax_objective,
+        m.softmax_regression,
+        m.linear_head,
+        m.random_head,
+        m._mlp_layers,
+        m.fine_tune_batch,
+        m._row_space,
+        m.select_by_validation,
+        m._tolerance,
+        m._conservative_order,
+        m._span_features,
+        m._span_residual,
+        m._hits,
+        m._lpft_results,
+        m.run_lpft_experiment,
+        m.overlap_sweep,
+        make_generator,
+        effective_seed,
+        seed_everything,
+        shift,
+        mlp,
+    ]
+
+
+@functools.lru_cache(maxsize=4)
+def _load(path: str, mtime_ns: int, code: str) -> dict:
+    """:func:`fmlab.stored.load` of ``path``, kept while the file (``mtime_ns``) and
+    the code (``code``, today's fingerprint) stay the same."""
+    return stored.load(path, script=LPFT_SCRIPT, sources=lpft_sources())
+
+
+def lpft_results(path: Path | str | None = None) -> dict | None:
+    """The stored experiments (``{"meta", "runs": [per experiment: config, result],
+    "stored"}``, as written), or None when the file is absent. Raises
+    :class:`fmlab.stored.StaleResults`, naming the script, when the code that computes
+    them has changed since."""
+    path = Path(LPFT_RESULTS if path is None else path)
+    if not path.exists():
+        return None
+    code = stored.fingerprint(lpft_sources())["all"]
+    return _load(str(path), path.stat().st_mtime_ns, code)
+
+
+@functools.lru_cache(maxsize=4)
+def _stored_configs(path: str, mtime_ns: int) -> list:
+    return [run["config"] for run in stored.read(path)["runs"]]
+
+
+def stored_result(cfg: ch3_lpft.LPFTConfig, path=None) -> dict | None:
+    """The stored result of ``cfg`` (as
+    :func:`~fmlab.chapters.ch3_lpft.run_lpft_experiment` returns it) when the seed
+    offset is 0 and ``cfg`` is exactly the config of a stored experiment; else None
+    (the experiment is to be computed). Raises :class:`fmlab.stored.StaleResults`
+    when ``cfg`` is stored but the code that computes it has changed since."""
+    path = Path(LPFT_RESULTS if path is None else path)
+    if seed_offset() != 0 or not path.exists():
+        return None
+    configs = _stored_configs(str(path), path.stat().st_mtime_ns)
+    want = config_record(cfg)
+    if want not in configs:
+        return None
+    return _decode(lpft_results(path)["runs"][configs.index(want)]["result"])
