@@ -683,10 +683,11 @@ SAME_LOSS_RESULTS = Path(__file__).parent / "results" / "ch5_same_loss.json"
 SAME_LOSS_SCRIPT = "scripts/ch5_same_loss.py"
 #: The slice of the stored run that the tests rerun (under another rounding path than
 #: the record's, :func:`fmlab.stored.other_rounding`): the pretraining phase of three
-#: models for 200 steps, with smaller evaluation sets; seconds on one core.
+#: models for 120 steps (100 of them the warm-up), with smaller evaluation sets;
+#: seconds on one core.
 SAME_LOSS_SLICE = dict(
     n_models=3,
-    pretrain_steps=200,
+    pretrain_steps=120,
     n_gap=500,
     n_trace=100,
     probe_sizes=(100, 500),
