@@ -25,6 +25,7 @@ from dataclasses import asdict, replace
 
 # name: (module under fmlab.chapters, results path, sources, slice runner, its config)
 NAMES = (
+    "ch3_lpft",
     "ch4_second_world",
     "ch5_noise_transfer",
     "ch5_size_sweep",
@@ -36,6 +37,11 @@ NAMES = (
 
 def _spec(name: str):
     """The results file of ``name``, its sources, and the slice's config and runner."""
+    if name == "ch3_lpft":
+        from fmlab.chapters import ch3_stored as m
+
+        config = m.config_record(m.lpft_slice_config())
+        return m.LPFT_RESULTS, m.lpft_sources(), config, m.lpft_slice
     if name == "ch4_second_world":
         from fmlab.chapters import ch4_second_world as m
 
