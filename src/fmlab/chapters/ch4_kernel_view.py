@@ -154,11 +154,17 @@ class Setting:
 
 def setting(config: ChapterConfig = ChapterConfig()) -> Setting:
     """Pretrain (or load from the cache) the model of the experiments, draw the test
-    set, and score the zero-shot prompt; see :class:`Setting`."""
+    set, and score the zero-shot prompt; see :class:`Setting`. At seed offset 0 the
+    page's model is read from the book's stored file instead
+    (:func:`~.ch4_natural_stored.stored_pretraining`)."""
+    from .ch4_natural_stored import stored_pretraining
+
     if not isinstance(config, ChapterConfig):
         raise TypeError(f"config must be a ChapterConfig, got {type(config).__name__}")
     lang = SentimentLanguage(config.pretrain.language)
-    mlm, losses = pretrain_masked_lm(config.pretrain)
+    mlm, losses = stored_pretraining(config.pretrain) or pretrain_masked_lm(
+        config.pretrain
+    )
     test = test_set(lang, config.n_test)
     prompt_model = PromptClassifier(mlm, lang)
     zero_shot = sign_accuracy(outputs(prompt_model, test.x_prompt), test.y)
@@ -346,13 +352,19 @@ def label_word_swap(
 def width_test(config: ChapterConfig = ChapterConfig()) -> dict:
     """:func:`output_derivative_by_width` for the chapter's models: every seed of
     ``config.pretrain_seeds`` at the narrow width (``narrow_steps`` steps) and at
-    ``d_model`` (``pretrain_steps``), on the chapter's test set."""
+    ``d_model`` (``pretrain_steps``), on the chapter's test set. At seed offset 0 the
+    page's width test is read from the book's stored file instead, with its
+    ``"stored"`` record added (:func:`~.ch4_natural_stored.stored_width_test`)."""
+    from .ch4_natural_stored import stored_width_test
+
     if not isinstance(config, ChapterConfig):
         raise TypeError(f"config must be a ChapterConfig, got {type(config).__name__}")
-    return output_derivative_by_width(
-        config.pretrain,
+    call = dict(
         widths=config.widths,
         seeds=config.pretrain_seeds,
         steps=(config.narrow_steps, config.pretrain_steps),
         n_test=config.n_test,
+    )
+    return stored_width_test(config.pretrain, **call) or output_derivative_by_width(
+        config.pretrain, **call
     )
