@@ -27,7 +27,9 @@ from fmlab import stored
 from fmlab.chapters import (
     ch3_lpft,
     ch3_stored,
+    ch4_fewshot,
     ch4_second_world,
+    ch4_stored,
     ch5_implicit_bias,
     ch5_sgd_noise,
     ch5_size,
@@ -47,6 +49,19 @@ RUNS = {
         "lpft_slice",
         ch3_stored.LPFT_SLICE,
         ("pre_losses[:, -50:]", "pre_losses[:, -40:]", ch3_lpft._lpft_results),
+    ),
+    "ch4_fewshot": (
+        ch4_stored,
+        ch4_stored.FEWSHOT_RESULTS,
+        "scripts/ch4_fewshot.py",
+        ch4_stored.fewshot_results,
+        "fewshot_slice",
+        ch4_stored.FEWSHOT_SLICE,
+        (
+            "k == max(config.shots)",
+            "k == min(config.shots)",
+            ch4_fewshot,
+        ),
     ),
     "ch4_second_world": (
         ch4_second_world,
