@@ -43,8 +43,8 @@ def main(argv=None) -> int:
         FEWSHOT_SCRIPT,
         fewshot_run,
         fewshot_slice,
+        fewshot_slice_config,
         fewshot_sources,
-        slice_config,
     )
 
     torch.set_num_threads(1)
@@ -58,7 +58,10 @@ def main(argv=None) -> int:
     for key, v in sorted(entry["accuracy"].items()):
         print(f"{key}: mean test accuracy {100 * sum(v) / len(v):.1f}%", flush=True)
     t1 = time.time()
-    sliced = {"config": slice_config(), "result": fewshot_slice(slice_config())}
+    sliced = {
+        "config": fewshot_slice_config(),
+        "result": fewshot_slice(fewshot_slice_config()),
+    }
     meta = {"wall_seconds": seconds, "slice_seconds": time.time() - t1}
     config = {"pretrain": asdict(pretrain), "experiment": asdict(experiment)}
     stored.write(

@@ -131,7 +131,7 @@ def fewshot_run(
 
 def _slice_configs(record: dict | None):
     """The pretraining and experiment of the slice ``record`` (flat, as
-    :data:`FEWSHOT_SLICE` or :func:`slice_config`), over the page's configs."""
+    :data:`FEWSHOT_SLICE` or :func:`fewshot_slice_config`), over the page's configs."""
     record = dict(FEWSHOT_SLICE if record is None else record)
     pretrain = dataclasses.replace(
         FEWSHOT_PRETRAIN,
@@ -171,7 +171,7 @@ def fewshot_slice(record: dict | None = None) -> dict:
     return out
 
 
-def slice_config() -> dict:
+def fewshot_slice_config() -> dict:
     """The slice's full configuration, as the results file records it (flat: the
     experiment's fields and the pretraining's width and steps)."""
     pretrain, config = _slice_configs(None)
