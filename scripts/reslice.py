@@ -26,6 +26,7 @@ from dataclasses import asdict, replace
 # name: (module under fmlab.chapters, results path, sources, slice runner, its config)
 NAMES = (
     "ch3_lpft",
+    "ch4_natural",
     "ch4_second_world",
     "ch5_noise_transfer",
     "ch5_size_sweep",
@@ -42,6 +43,15 @@ def _spec(name: str):
 
         config = m.config_record(m.lpft_slice_config())
         return m.LPFT_RESULTS, m.lpft_sources(), config, m.lpft_slice
+    if name == "ch4_natural":
+        from fmlab.chapters import ch4_natural_stored as m
+
+        return (
+            m.NATURAL_RESULTS,
+            m.natural_sources(),
+            m.natural_slice_config(),
+            m.natural_slice,
+        )
     if name == "ch4_second_world":
         from fmlab.chapters import ch4_second_world as m
 

@@ -28,6 +28,8 @@ from fmlab.chapters import (
     ch3_lpft,
     ch3_stored,
     ch4_fewshot,
+    ch4_kernel_behaviour,
+    ch4_natural_stored,
     ch4_second_world,
     ch4_stored,
     ch5_implicit_bias,
@@ -49,6 +51,19 @@ RUNS = {
         "lpft_slice",
         ch3_stored.LPFT_SLICE,
         ("pre_losses[:, -50:]", "pre_losses[:, -40:]", ch3_lpft._lpft_results),
+    ),
+    "ch4_natural": (
+        ch4_natural_stored,
+        ch4_natural_stored.NATURAL_RESULTS,
+        "scripts/ch4_natural.py",
+        ch4_natural_stored.natural_results,
+        "natural_slice",
+        ch4_natural_stored.NATURAL_SLICE,
+        (
+            "abs().mean())",
+            "abs().max())",
+            ch4_kernel_behaviour.output_derivative_by_width,
+        ),
     ),
     "ch4_fewshot": (
         ch4_stored,

@@ -31,6 +31,7 @@ __all__ = [
     "linearization_slider",
     "lora_rank_slider",
     "width_table",
+    "width_stored_text",
     "timing_table",
     "malladi_table",
     "two_worlds",
@@ -619,6 +620,23 @@ def width_table(width_stats: dict, widths, floor: float):
         caption=f"The prompt at θ0, per pretraining seed; floor of mean |χ| (the Bayes "
         f"posterior) {floor:.3f}; paper, base vs large: 0.32 vs 0.32 (SST-2), 0.32 vs "
         "0.25 (MR)",
+    )
+
+
+def width_stored_text(width_stats: dict) -> str:
+    """How page 04b's pretrainings were obtained, for its prose: from the ``"stored"``
+    record that :func:`~.ch4_kernel_view.width_test` adds when it reads the stored run
+    (with the run's ``"wall_seconds"``), or computed here when there is none."""
+    from .. import stored
+
+    record = width_stats.get("stored")
+    if record is None:
+        return "at this configuration or seed offset they were computed here"
+    first = stored.origin(record)
+    return (
+        f"they took {record['wall_seconds'] / 60:.1f} minutes of one CPU core "
+        f"({first['machine']}, torch {first['torch']}, run on "
+        f"{first['written'][:10]})"
     )
 
 

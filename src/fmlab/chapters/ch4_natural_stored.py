@@ -49,7 +49,6 @@ __all__ = [
     "natural_slice_config",
     "natural_sources",
     "stored_pretraining",
-    "stored_run_text",
     "stored_width_test",
     "width_arguments",
 ]
@@ -85,9 +84,7 @@ def _fresh_offset_zero():
 
 def _json(value):
     """A config (a dataclass, or a dict of them and tuples) as plain JSON data."""
-    if dataclasses.is_dataclass(value):
-        value = dataclasses.asdict(value)
-    return json.loads(json.dumps(value))
+    return json.loads(json.dumps(value, default=dataclasses.asdict))
 
 
 def width_arguments(
@@ -292,16 +289,3 @@ def stored_pretraining(config: MLMPretrainConfig, *, path=None):
     model.load_state_dict(stored.decode_tensors(run["state_dict"]))
     model.eval()
     return model, stored.decode_tensors(run["losses"])
-
-
-def stored_run_text(record: dict | None) -> str:
-    """How the page's pretrainings were obtained (a ``"stored"`` record with the run's
-    ``"wall_seconds"``, or None when they were computed here), for its prose."""
-    if record is None:
-        return "at this configuration or seed offset they were computed here"
-    first = stored.origin(record)
-    return (
-        f"they took {record['wall_seconds'] / 60:.1f} minutes of one CPU core "
-        f"({first['machine']}, torch {first['torch']}, run on "
-        f"{first['written'][:10]})"
-    )
