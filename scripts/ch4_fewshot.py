@@ -32,6 +32,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=0, help="fewer draws (a try)")
     ap.add_argument("--out", type=Path, default=OUT)
     a = ap.parse_args(argv)
+    if a.seeds and a.out == OUT:
+        ap.error("--seeds makes a try, not the book's run: give --out elsewhere")
     os.environ["OMP_NUM_THREADS"] = "1"
     os.environ.setdefault("FMLAB_PROGRESS", "0")
     import torch

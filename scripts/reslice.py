@@ -23,9 +23,12 @@ import sys
 import time
 from dataclasses import asdict, replace
 
-# name: (module under fmlab.chapters, results path, sources, slice runner, its config)
+# The stored files whose slice this script can recompute. Not ch5_same_loss: its whole
+# module is in its fingerprint, so a new slice (an edit of that module) needs
+# scripts/ch5_same_loss.py --restamp, which checks a job of the run first.
 NAMES = (
     "ch3_lpft",
+    "ch4_fewshot",
     "ch4_natural",
     "ch4_second_world",
     "ch5_noise_transfer",
@@ -43,6 +46,15 @@ def _spec(name: str):
 
         config = m.config_record(m.lpft_slice_config())
         return m.LPFT_RESULTS, m.lpft_sources(), config, m.lpft_slice
+    if name == "ch4_fewshot":
+        from fmlab.chapters import ch4_stored as m
+
+        return (
+            m.FEWSHOT_RESULTS,
+            m.fewshot_sources(),
+            m.fewshot_slice_config(),
+            m.fewshot_slice,
+        )
     if name == "ch4_natural":
         from fmlab.chapters import ch4_natural_stored as m
 

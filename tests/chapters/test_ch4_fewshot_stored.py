@@ -44,6 +44,7 @@ def test_the_stored_runs_are_the_pages_k16_runs():
 
 
 def test_the_switch_reads_only_the_stored_configs_at_offset_zero(monkeypatch):
+    monkeypatch.delenv("FMLAB_SEED_OFFSET", raising=False)
     pretrain, exp = ch4st.FEWSHOT_PRETRAIN, ch4st.FEWSHOT_EXPERIMENT
     entry = ch4st.stored_entry(pretrain, exp)
     assert entry is not None
@@ -64,7 +65,13 @@ def test_the_switch_reads_only_the_stored_configs_at_offset_zero(monkeypatch):
     assert ch4st.stored_entry(pretrain, exp) is None
 
 
-def test_run_kernel_experiment_serves_the_stored_entry():
+def test_run_kernel_experiment_serves_the_stored_entry(monkeypatch):
+    monkeypatch.delenv("FMLAB_SEED_OFFSET", raising=False)
+
+    def computed(*args, **kwargs):
+        raise AssertionError("computed, though the run is stored")
+
+    monkeypatch.setattr(ch4f, "cached", computed)  # the stored path only
     res = ch4f.run_kernel_experiment(ch4st.FEWSHOT_PRETRAIN, ch4st.FEWSHOT_EXPERIMENT)
     entry = ch4st.fewshot_results()["runs"][0]["entry"]
     assert (

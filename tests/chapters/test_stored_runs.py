@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 import torch
@@ -150,6 +151,21 @@ RUNS = {
         ("c.eval_seeds[:1]", "c.eval_seeds[:2]", ch6_worlds.worlds_run),
     ),
 }
+
+
+def test_reslice_knows_every_file_whose_slice_it_can_redo():
+    sys.path.insert(0, str(Path(stored.__file__).parents[2] / "scripts"))
+    try:
+        import reslice
+    finally:
+        sys.path.pop(0)
+    # ch5_same_loss: its module is in its fingerprint (its script has --restamp)
+    assert set(reslice.NAMES) == set(RUNS) - {"ch5_same_loss"}
+    for name in reslice.NAMES:
+        path, _, config, _ = reslice._spec(name)
+        assert path == RUNS[name][1]
+        record = stored.read(path)["stored"]["slice"]["config"]
+        assert json.loads(json.dumps(config)) == record, f"{name}: another slice config"
 
 
 def test_every_results_file_is_listed_here():

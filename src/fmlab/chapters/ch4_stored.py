@@ -24,6 +24,7 @@ Used in Chapter 4: ``notebooks/04-kernel-view.ipynb``.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import functools
 import json
@@ -251,7 +252,8 @@ def stored_entry(
     configs = stored.read(path)["stored"]["config"]["runs"]
     if want not in configs:
         return None
-    entry = fewshot_results(path)["runs"][configs.index(want)]["entry"]
+    # a copy: the file's dict is cached, and the caller may keep what it is given
+    entry = copy.deepcopy(fewshot_results(path)["runs"][configs.index(want)]["entry"])
     return {
         **entry,
         "example": {s: stored.decode_tensors(t) for s, t in entry["example"].items()},
