@@ -1,6 +1,7 @@
 """Chapter 5's size sweep in the paper's design: bidirectional-GRU masked language
 models of several hidden sizes on the tied language, one recipe, each replicate's data
-shared by every size, probed through a fixed projection to one dimension; writes
+shared by every size, probed through a fixed projection to one dimension, with the
+Fisher traces of every model at its own size and embedded at the largest; writes
 ``src/fmlab/chapters/results/ch5_size_sweep.json`` (with the fingerprint of the code
 that produced it, :mod:`fmlab.stored`), which the transformer page of Chapter 5
 (``notebooks/05c-same-loss-transformer.ipynb``) reads.
@@ -33,6 +34,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", type=int, nargs="+", default=None)
     ap.add_argument("--models", type=int, default=0, help="override n_models")
     ap.add_argument("--steps", type=int, default=0, help="override steps")
+    ap.add_argument("--trace", type=int, default=0, help="override n_trace")
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument(
         "--device", default="cpu", help="where the models train (data: CPU generators)"
@@ -76,6 +78,8 @@ def main(argv=None) -> int:
         config = replace(config, n_models=a.models)
     if a.steps:
         config = replace(config, steps=a.steps)
+    if a.trace:
+        config = replace(config, n_trace=a.trace)
     t0, runs = time.time(), []
     for size in config.sizes:
         runs.append(size_sweep_run(config, size, device=a.device))

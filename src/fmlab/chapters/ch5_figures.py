@@ -1055,6 +1055,68 @@ def prose_size(sres: dict, compared) -> dict[str, str]:
     return texts
 
 
+def size_trace_table(sres: dict, compared):
+    """Flatness along the stored size sweep of page 05c: one row per ``compared`` size
+    (at equal loss), the gap, the encoder's Fisher trace at its own width and embedded
+    at the largest size (:func:`fmlab.chapters.ch5_size.embed_hidden`), the head's at
+    its own width, both blocks' embedded traces at the common gap
+    (``size_trace_at_matched_gap`` of :mod:`fmlab.chapters.ch5_size`) and the probe's
+    expected accuracy at the largest probe size, mean ± sd over replicates."""
+    from .ch5_size import size_trace_at_matched_gap
+
+    enc = size_trace_at_matched_gap(sres, compared, "encoder")
+    head = size_trace_at_matched_gap(sres, compared, "head")
+    n = sres["meta"]["config"]["probe_sizes"][-1]
+    return table(
+        [
+            {
+                "hidden size": h,
+                "gap (nats)": mean_sd(enc["gap"][i], "{:.4f}"),
+                "encoder, own width": mean_sd(enc["native"][i]),
+                "encoder, embedded": mean_sd(enc["trace"][i]),
+                "encoder, embedded, matched gap": mean_sd(enc["adjusted"][i]),
+                "head, own width": mean_sd(head["native"][i]),
+                "head, embedded, matched gap": mean_sd(head["adjusted"][i]),
+                f"accuracy, n = {n:,}": mean_sd(sres[h]["accuracy"][:, -1], "{:.3f}"),
+            }
+            for i, h in enumerate(compared)
+        ]
+    )
+
+
+def prose_size_traces(sres: dict, compared) -> dict[str, str]:
+    """The numbers page 05c quotes on flatness along the size sweep: the embedding's
+    size and largest logit change, the change of each block's embedded trace at the
+    common gap from the smallest to the largest ``compared`` size (mean ± standard
+    error over replicates, in percent, and in how many replicates the largest size is
+    the flatter), the within-size
+    slopes, and the partial rank correlation of the embedded encoder trace with the
+    accuracy given the gap over all compared models."""
+    from .ch5_sgd_noise import partial_rank_correlation
+    from .ch5_size import size_trace_at_matched_gap
+
+    out = {
+        "ch5_szf_largest": str(max(k for k in sres if k != "meta")),
+    }
+    error = max(float(sres[h]["embedding_error"].max()) for h in compared)
+    out["ch5_szf_error"] = f"{error:.1e}"
+    for block in ("encoder", "head"):
+        t = size_trace_at_matched_gap(sres, compared, block)
+        d = t["adjusted"][-1] - t["adjusted"][0]
+        e = SeedEffect.of(d)
+        out[f"ch5_szf_{block}_change"] = f"{e.mean:+.2f} ± {e.se:.2f}"
+        out[f"ch5_szf_{block}_pct"] = (
+            f"{100 * e.mean / float(t['adjusted'][0].mean()):+.0f}%"
+        )
+        out[f"ch5_szf_{block}_flatter"] = f"{int((d < 0).sum())} of {d.numel()}"
+        out[f"ch5_szf_{block}_slope"] = f"{t['slope']:+.0f}"
+    t = size_trace_at_matched_gap(sres, compared, "encoder")
+    acc = torch.stack([sres[h]["accuracy"][:, -1] for h in compared])
+    r = partial_rank_correlation(t["trace"], acc, t["gap"])
+    out["ch5_szf_partial_rank"] = f"{r:+.2f}"
+    return out
+
+
 def ceilings_table(ceilings: dict, rooms: dict):
     """The exact ceilings of page 05c (:func:`fmlab.chapters.ch5_room.probe_ceilings`):
     one row per world and probe size, the Bayes accuracy beside the probe on the exact

@@ -31,13 +31,15 @@ from ..adapt.probes import ridge_probe_curve
 from ..data.hmm_language import HMMLanguage, HMMLanguageConfig
 from ..models.masked_lm import BiGRUMaskedLM
 from ..repro import make_generator, single_threaded
-from .ch5_implicit_bias import kl_gap, train_phase
+from .ch5_implicit_bias import GRU_BLOCKS, kl_gap, mlm_fisher_trace, train_phase
 
 __all__ = [
     "SIZE_SWEEP_RESULTS",
     "SIZE_SWEEP_SCRIPT",
     "SizeSweepConfig",
     "SIZE_SWEEP_SLICE",
+    "GRU_TENSOR_EXPONENTS",
+    "embed_hidden",
     "size_sweep_compared",
     "size_sweep_config",
     "size_sweep_job_check",
@@ -45,6 +47,8 @@ __all__ = [
     "size_sweep_run",
     "size_sweep_slice",
     "size_sweep_sources",
+    "size_trace_at_matched_gap",
+    "TRACE_FIELDS",
 ]
 
 SIZE_SWEEP_RESULTS = Path(__file__).parent / "results" / "ch5_size_sweep.json"
@@ -68,6 +72,8 @@ class SizeSweepConfig:
     probe_ridge: float = 1e-2
     n_probe_test: int = 5000
     n_gap: int = 2000
+    n_trace: int = 1000  # sentences of the Fisher traces (native and embedded)
+    trace_labels: int = 1  # label draws per sentence
     tolerance: float = 0.002  # nats: sizes whose mean gaps differ by less are "equal"
 
     def __post_init__(self):
@@ -77,7 +83,85 @@ class SizeSweepConfig:
             check_int("sizes", h, minimum=1)
         check_int("n_models", self.n_models, minimum=1)
         check_int("projection", self.projection, minimum=1)
+        check_int("n_trace", self.n_trace, minimum=2)
+        check_int("trace_labels", self.trace_labels, minimum=1)
         check_float("tolerance", self.tolerance, minimum=0.0, strict_min=True)
+
+
+#: How the embedding of :func:`embed_hidden` at ``m`` times the hidden size scales each
+#: parameter tensor's share of the Fisher trace: by :math:`m^k`, ``k`` = (the tensor
+#: reads replicated units) − (it writes replicated units). See :func:`embed_hidden`.
+GRU_TENSOR_EXPONENTS = {
+    "emb": -1,
+    "rec": 0,
+    "rec_bias": -1,
+    "h0": -1,
+    "w1": 0,
+    "b1": -1,
+    "w2": 1,
+    "b2": 0,
+}
+
+
+def embed_hidden(model: BiGRUMaskedLM, hidden: int) -> BiGRUMaskedLM:
+    """The same function at a larger hidden size, by replicating every unit (Liu et
+    al., 2023, Appendix B.4; :func:`fmlab.models.bert.embed_width` for transformers).
+
+    ``hidden`` must be a multiple :math:`m\\,h` of the model's hidden size :math:`h`;
+    the head's width becomes :math:`m\\,d_{ff}`. Unit :math:`i` of the wide model is
+    unit :math:`\\lfloor i/m \\rfloor` of the narrow one, in each gate block
+    :math:`r, z, n` of the GRU, in each direction and in the head. Weights that read
+    replicated units (the recurrent matrix, both head matrices) are divided by
+    :math:`m`, so each pre-activation is the same sum; embeddings, biases and the
+    initial state are copied. By induction over the steps every state is the narrow
+    state replicated, so the logits are the same; the features
+    :math:`[\\overrightarrow{h}_t; \\overleftarrow{h}_t]` are replicated.
+
+    The trace is *not* the narrow model's: a copy of a weight that writes a replicated
+    unit gets :math:`1/m` of the narrow gradient (its unit is read through weights
+    divided by :math:`m`), and a tensor has :math:`m` copies of each entry per
+    replicated axis, so each tensor's share of the Fisher trace is the narrow one
+    times :math:`m^{\\text{reads}-\\text{writes}}` (:data:`GRU_TENSOR_EXPONENTS`):
+    the recurrent and first head matrices keep theirs, embeddings, biases of
+    replicated units and the initial state lose a factor :math:`m`, and the output
+    matrix gains one. Returns a new ensemble with the same members."""
+    if not isinstance(model, BiGRUMaskedLM):
+        raise TypeError(f"model must be a BiGRUMaskedLM, got {type(model).__name__}")
+    h = model.hidden
+    hidden = check_int("hidden", hidden, minimum=h)
+    if hidden % h:
+        raise ValueError(
+            f"hidden ({hidden}) must be a multiple of the model's hidden size ({h})"
+        )
+    m = hidden // h
+    # every weight is overwritten below; its own generator leaves the global RNG alone
+    out = BiGRUMaskedLM(
+        model.vocab_size,
+        hidden=hidden,
+        d_ff=m * model.d_ff,
+        n_models=model.n_models,
+        generator=torch.Generator(),
+    )
+
+    def rep(w, *dims):  # a copy with every unit of the given axes repeated m times
+        for ax in dims:
+            w = w.repeat_interleave(m, dim=ax)
+        return w
+
+    with torch.no_grad():
+        new = {
+            "emb": rep(model.emb, 3),  # (E, 2, V, 3h): [r | z | n], each h wide
+            "rec": rep(model.rec, 2, 3) / m,  # (E, 2, h, 3h)
+            "rec_bias": rep(model.rec_bias, 3),
+            "h0": rep(model.h0, 3),  # (E, 2, 1, h)
+            "w1": rep(model.w1, 1, 2) / m,  # (E, 2h, d_ff): [forward; backward]
+            "b1": rep(model.b1, 2),
+            "w2": rep(model.w2, 1) / m,  # (E, d_ff, V)
+            "b2": model.b2.clone(),
+        }
+        for name, value in new.items():
+            getattr(out, name).copy_(value)
+    return out
 
 
 def size_sweep_run(config: SizeSweepConfig, size: int, device="cpu") -> dict:
@@ -86,6 +170,14 @@ def size_sweep_run(config: SizeSweepConfig, size: int, device="cpu") -> dict:
     every size) and measure per member the KL gap to the optimal loss (nats) and the
     probe's expected block accuracy at every probe size on the projected features.
     Plain lists, for JSON.
+
+    Also per member the sampled-label Fisher trace of the masked-LM loss per block of
+    :data:`fmlab.chapters.ch5_implicit_bias.GRU_BLOCKS` (``trace_encoder``,
+    ``trace_head``), the same traces of the member embedded at the largest size of
+    the sweep by :func:`embed_hidden` (``trace_embedded_encoder``,
+    ``trace_embedded_head``: the paper's comparison, every size in one architecture)
+    and the largest change of a logit that embedding made (``embedding_error``); the
+    same sentences and label draws for both.
 
     ``device`` (e.g. ``"cuda"``) is where the model trains; every sentence is still
     drawn by the CPU generators, so a seed gives the same data on every device, and
@@ -123,6 +215,7 @@ def size_sweep_run(config: SizeSweepConfig, size: int, device="cpu") -> dict:
         )
         model.to("cpu")
         gap = kl_gap(model, gap_tok, gap_cond)
+        traces = _traces(model, lang, c)
         with torch.no_grad():
             ftr = model.features(tr_tok).flatten(2).double()
             fte = model.features(te_tok).flatten(2).double()
@@ -146,14 +239,59 @@ def size_sweep_run(config: SizeSweepConfig, size: int, device="cpu") -> dict:
             ).tolist()
             for e in range(c.n_models)
         ]
-    return {
-        "size": size,
-        "n_params": sum(p[0].numel() for p in model.parameters()),
-        "bayes_accuracy": float(te_post.max(-1).values.mean()),
-        "gap": gap.tolist(),
-        "accuracy": acc,
-        "seconds": time.time() - t0,
-    }
+    return (
+        {
+            "size": size,
+            "n_params": sum(p[0].numel() for p in model.parameters()),
+            "bayes_accuracy": float(te_post.max(-1).values.mean()),
+            "gap": gap.tolist(),
+            "accuracy": acc,
+        }
+        | {k: v.tolist() for k, v in traces.items()}
+        | {
+            "seconds": time.time() - t0,
+        }
+    )
+
+
+#: the per-member traces :func:`size_sweep_run` records
+TRACE_FIELDS = (
+    "trace_encoder",
+    "trace_head",
+    "trace_embedded_encoder",
+    "trace_embedded_head",
+    "embedding_error",
+)
+
+
+def _traces(model: BiGRUMaskedLM, lang: HMMLanguage, c: SizeSweepConfig) -> dict:
+    """The Fisher traces per block of every member, at its own hidden size and
+    embedded at the largest of ``c.sizes`` (:func:`embed_hidden`), with the same
+    sentences and label seed, and the embedding's largest logit change, per member."""
+    tok, _ = lang.sample(c.n_trace, make_generator(10_005))
+
+    def blocks(m):
+        est = mlm_fisher_trace(
+            m,
+            tok,
+            n_labels=c.trace_labels,
+            generator=make_generator(10_006),
+            blocks=GRU_BLOCKS,
+        )
+        return {b: e.per_group.double() for b, e in est.per_block.items()}
+
+    native = blocks(model)
+    out = {f"trace_{b}": v for b, v in native.items()}
+    if model.hidden == max(c.sizes):  # the embedding is the identity
+        out |= {f"trace_embedded_{b}": v for b, v in native.items()}
+        out["embedding_error"] = torch.zeros(model.n_models, dtype=torch.float64)
+        return out
+    big = embed_hidden(model, max(c.sizes))
+    with torch.no_grad():
+        error = (big(tok) - model(tok)).abs().amax((1, 2, 3)).double()
+    out |= {f"trace_embedded_{b}": v for b, v in blocks(big).items()}
+    out["embedding_error"] = error
+    return out
 
 
 def size_sweep_sources() -> list:
@@ -168,11 +306,15 @@ def size_sweep_sources() -> list:
     from ..data import hmm_language
     from ..models import masked_lm
     from ..repro import effective_seed
+    from ..theory import flatness
     from ..train import lr_factor, train_scheduled
 
     return [
         SizeSweepConfig,
         size_sweep_run,
+        _traces,
+        embed_hidden,
+        mlm_fisher_trace,
         size_sweep_config,
         size_sweep_slice,
         train_phase,
@@ -188,6 +330,7 @@ def size_sweep_sources() -> list:
         effective_seed,
         masked_lm,
         hmm_language,
+        flatness,
     ]
 
 
@@ -224,31 +367,66 @@ def size_sweep_compared(results: dict, tolerance: float) -> list[int]:
     return [h for h in sizes if float(results[h]["gap"].mean()) - lowest < tolerance]
 
 
+def size_trace_at_matched_gap(results: dict, sizes, block: str = "encoder") -> dict:
+    """The Fisher trace of ``block`` (``"encoder"`` or ``"head"``) of every replicate of
+    ``sizes``, embedded at the largest size of the sweep, with the gap partialled out:
+    each trace is moved along the slope of trace on gap *within* sizes (the slope
+    fitted to the replicates' deviations from their size's means, so that the
+    differences between sizes do not enter it) to the mean gap of all of them,
+    :math:`t_{h,r} - \\beta\\,(g_{h,r} - \\bar g)` for the trace :math:`t` and gap
+    :math:`g` of size :math:`h`, replicate :math:`r`.
+    Returns ``"trace"`` and ``"adjusted"`` ``(sizes, replicates)``, ``"native"``
+    (the traces at each size's own width), ``"gap"``, the ``"slope"`` :math:`\\beta`
+    and the common gap ``"at_gap"``."""
+    if block not in ("encoder", "head"):
+        raise ValueError(f"block must be 'encoder' or 'head', got {block!r}")
+    sizes = list(sizes)
+    if len(sizes) < 2:
+        raise ValueError("sizes must hold at least two sizes")
+    tr = torch.stack([results[h][f"trace_embedded_{block}"] for h in sizes])
+    gap = torch.stack([results[h]["gap"] for h in sizes])
+    tc = tr - tr.mean(1, keepdim=True)
+    gc = gap - gap.mean(1, keepdim=True)
+    slope = float((tc * gc).sum() / (gc * gc).sum())
+    at = float(gap.mean())
+    return {
+        "trace": tr,
+        "adjusted": tr - slope * (gap - at),
+        "native": torch.stack([results[h][f"trace_{block}"] for h in sizes]),
+        "gap": gap,
+        "slope": slope,
+        "at_gap": at,
+    }
+
+
 #: The slice of the stored sweep that the tests rerun (under another rounding path
 #: than the record's, :func:`fmlab.stored.other_rounding`): the smallest size, three
-#: replicates, 100 steps (a 50-step warm-up), the probe at two sizes; seconds on one
-#: core.
+#: replicates, 100 steps (a 50-step warm-up), the probe at two sizes, the traces on
+#: 100 sentences with the embedding at hidden size 32 (the slice trains only its first
+#: size); seconds on one core.
 SIZE_SWEEP_SLICE = dict(
-    sizes=(16,),
+    sizes=(16, 32),
     n_models=3,
     steps=100,
     warmup=50,
     probe_sizes=(100, 500),
     n_probe_test=1000,
     n_gap=500,
+    n_trace=100,
 )
 
 
 def size_sweep_slice(record: dict | None = None, device="cpu") -> dict:
     """Run the slice (the config ``record``, by default :data:`SIZE_SWEEP_SLICE` over
-    the defaults) at its first size: the members' gaps and probe accuracies, the
-    per-replicate quantities that :func:`fmlab.stored.compare_runs` compares."""
+    the defaults) at its first size: the members' gaps, probe accuracies and traces
+    (native and embedded), the per-replicate quantities that
+    :func:`fmlab.stored.compare_runs` compares."""
     if record is None:
         config = SizeSweepConfig(**SIZE_SWEEP_SLICE)
     else:
         config = size_sweep_config(record)
     out = size_sweep_run(config, config.sizes[0], device=device)
-    return {"gap": out["gap"], "accuracy": out["accuracy"]}
+    return {k: out[k] for k in ("gap", "accuracy") + TRACE_FIELDS[:4]}
 
 
 def size_sweep_job_check(path: Path | str | None = None, size: int = 16) -> dict:
@@ -260,5 +438,5 @@ def size_sweep_job_check(path: Path | str | None = None, size: int = 16) -> dict
     config = size_sweep_config(data["meta"]["config"])
     (run,) = [r for r in data["runs"] if r["size"] == size]
     out = size_sweep_run(config, size)
-    names = ("gap", "accuracy")
+    names = ("gap", "accuracy") + TRACE_FIELDS[:4]
     return stored.compare_runs({k: run[k] for k in names}, {k: out[k] for k in names})
