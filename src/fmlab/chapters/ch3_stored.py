@@ -170,7 +170,7 @@ def lpft_sources() -> list:
     (:mod:`fmlab.stored`); the script's settings are in the file as its configs."""
     from ..data import shift
     from ..models import mlp
-    from ..repro import effective_seed, make_generator, seed_everything
+    from ..repro import _splitmix64, effective_seed, make_generator, seed_everything
 
     m = ch3_lpft
     return [
@@ -210,6 +210,7 @@ def lpft_sources() -> list:
         m.overlap_sweep,
         make_generator,
         effective_seed,
+        _splitmix64,  # effective_seed's mixer
         seed_everything,
         shift,
         mlp,

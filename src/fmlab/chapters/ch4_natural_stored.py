@@ -189,7 +189,7 @@ def natural_sources() -> list:
     (:mod:`fmlab.stored`); the script's settings are in the file as its config."""
     from ..data import sentiment_language
     from ..models import transformer
-    from ..repro import effective_seed, make_generator, seed_everything
+    from ..repro import _splitmix64, effective_seed, make_generator, seed_everything
     from . import ch4_world
 
     return [
@@ -208,6 +208,7 @@ def natural_sources() -> list:
         seed_everything,
         make_generator,
         effective_seed,
+        _splitmix64,  # effective_seed's mixer
     ]
 
 

@@ -171,7 +171,7 @@ def second_world_sources() -> list:
     (:mod:`fmlab.stored`); the script's settings are in the file as its config."""
     from ..data import sentiment_language
     from ..models import transformer
-    from ..repro import effective_seed, make_generator, seed_everything
+    from ..repro import _splitmix64, effective_seed, make_generator, seed_everything
     from ..theory import kernels
     from . import ch4_fewshot, ch4_kernel_behaviour, ch4_world
 
@@ -188,6 +188,7 @@ def second_world_sources() -> list:
         sentiment_language,
         make_generator,
         effective_seed,
+        _splitmix64,  # effective_seed's mixer
         seed_everything,
     ]
 

@@ -193,7 +193,7 @@ def fewshot_sources() -> list:
     from ..adapt import lora
     from ..data import sentiment_language
     from ..models import transformer
-    from ..repro import effective_seed, make_generator, seed_everything
+    from ..repro import _splitmix64, effective_seed, make_generator, seed_everything
     from ..theory import kernels
     from . import ch4_fewshot, ch4_kernel_behaviour, ch4_world
 
@@ -212,6 +212,7 @@ def fewshot_sources() -> list:
         sentiment_language,
         make_generator,
         effective_seed,
+        _splitmix64,  # effective_seed's mixer
         seed_everything,
     ]
 

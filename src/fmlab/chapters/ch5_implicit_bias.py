@@ -706,7 +706,7 @@ def same_loss_sources() -> list:
     from ..adapt.probes import _ridge_head, _ridge_probe_accuracy, _ridge_probe_inputs
     from ..data import hmm_language
     from ..models import masked_lm
-    from ..repro import effective_seed
+    from ..repro import _splitmix64, effective_seed
 
     return [
         sys.modules[__name__],
@@ -722,6 +722,7 @@ def same_loss_sources() -> list:
         lr_factor,
         make_generator,
         effective_seed,
+        _splitmix64,  # effective_seed's mixer
         single_threaded,
     ]
 

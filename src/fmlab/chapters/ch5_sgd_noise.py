@@ -570,7 +570,7 @@ def noise_transfer_sources() -> list:
     )
     from ..data import hmm_language
     from ..models import bert
-    from ..repro import effective_seed
+    from ..repro import _splitmix64, effective_seed
     from ..theory import flatness
 
     return [
@@ -586,6 +586,7 @@ def noise_transfer_sources() -> list:
         lr_factor,
         bert_kl_gap,
         bert_fisher_trace,
+        bert_blocks,  # which weights are the head, which the encoder
         bert_log_fisher_trace,
         _masked_inputs,
         _Masked,
@@ -597,6 +598,7 @@ def noise_transfer_sources() -> list:
         _ridge_head,
         make_generator,
         effective_seed,
+        _splitmix64,  # effective_seed's mixer
         single_threaded,
         bert,
         hmm_language,
@@ -824,7 +826,7 @@ def width_sweep_sources() -> list:
     )
     from ..data import hmm_language
     from ..models import bert
-    from ..repro import effective_seed
+    from ..repro import _splitmix64, effective_seed
     from ..theory import flatness
     from ..train import train_scheduled
 
@@ -840,6 +842,7 @@ def width_sweep_sources() -> list:
         lr_factor,
         bert_kl_gap,
         bert_fisher_trace,
+        bert_blocks,  # which weights are the head, which the encoder
         _masked_inputs,
         _Masked,
         head_trace_closed_form,
@@ -850,6 +853,7 @@ def width_sweep_sources() -> list:
         _ridge_head,
         make_generator,
         effective_seed,
+        _splitmix64,  # effective_seed's mixer
         bert,
         hmm_language,
         flatness,

@@ -305,7 +305,7 @@ def size_sweep_sources() -> list:
     )
     from ..data import hmm_language
     from ..models import masked_lm
-    from ..repro import effective_seed
+    from ..repro import _splitmix64, effective_seed
     from ..theory import flatness
     from ..train import lr_factor, train_scheduled
 
@@ -328,6 +328,7 @@ def size_sweep_sources() -> list:
         _ridge_head,
         make_generator,
         effective_seed,
+        _splitmix64,  # effective_seed's mixer
         masked_lm,
         hmm_language,
         flatness,

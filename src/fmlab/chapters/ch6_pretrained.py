@@ -120,7 +120,7 @@ def pretrained_sources() -> list:
     (:mod:`fmlab.stored`); the script's settings are in the file as its config."""
     from ..data import ginc
     from ..models import gpt
-    from ..repro import effective_seed, make_generator, seed_everything
+    from ..repro import _splitmix64, effective_seed, make_generator, seed_everything
     from ..theory import bayes_icl
     from ..train import lr_factor
 
@@ -142,6 +142,7 @@ def pretrained_sources() -> list:
         lr_factor,
         make_generator,
         effective_seed,
+        _splitmix64,  # effective_seed's mixer
         seed_everything,
         ginc,
         gpt,

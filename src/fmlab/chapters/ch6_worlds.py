@@ -221,7 +221,7 @@ def worlds_sources() -> list:
     (:mod:`fmlab.stored`); the script's settings are in the file as its config."""
     from ..data import ginc
     from ..models import gpt
-    from ..repro import effective_seed, make_generator, seed_everything
+    from ..repro import _splitmix64, effective_seed, make_generator, seed_everything
     from ..theory import bayes_icl
     from ..train import lr_factor
 
@@ -250,6 +250,7 @@ def worlds_sources() -> list:
         seed_everything,
         make_generator,
         effective_seed,
+        _splitmix64,  # effective_seed's mixer
         ginc,
         gpt,
         bayes_icl,
