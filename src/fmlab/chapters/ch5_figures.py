@@ -1057,27 +1057,27 @@ def prose_size(sres: dict, compared) -> dict[str, str]:
 
 def size_trace_table(sres: dict, compared):
     """Flatness along the stored size sweep of page 05c: one row per ``compared`` size
-    (at equal loss), the gap, the encoder's Fisher trace at its own width and embedded
-    at the largest size (:func:`fmlab.chapters.ch5_size.embed_hidden`), the head's at
-    its own width, both blocks' embedded traces at the common gap
-    (``size_trace_at_matched_gap`` of :mod:`fmlab.chapters.ch5_size`) and the probe's
+    (at equal loss), the gap (in thousandths of a nat), each block's Fisher trace at its
+    own width and embedded at the largest size
+    (:func:`fmlab.chapters.ch5_size.embed_hidden`) and moved to the common gap (the
+    columns marked *, ``size_trace_at_matched_gap`` of :mod:`fmlab.chapters.ch5_size`),
+    and the probe's
     expected accuracy at the largest probe size, mean ± sd over replicates."""
     from .ch5_size import size_trace_at_matched_gap
 
     enc = size_trace_at_matched_gap(sres, compared, "encoder")
     head = size_trace_at_matched_gap(sres, compared, "head")
     n = sres["meta"]["config"]["probe_sizes"][-1]
-    return table(
+    return table(  # seven short columns: the page's column is narrow
         [
             {
-                "hidden size": h,
-                "gap (nats)": mean_sd(enc["gap"][i], "{:.4f}"),
-                "encoder, own width": mean_sd(enc["native"][i]),
-                "encoder, embedded": mean_sd(enc["trace"][i]),
-                "encoder, embedded, matched gap": mean_sd(enc["adjusted"][i]),
-                "head, own width": mean_sd(head["native"][i]),
-                "head, embedded, matched gap": mean_sd(head["adjusted"][i]),
-                f"accuracy, n = {n:,}": mean_sd(sres[h]["accuracy"][:, -1], "{:.3f}"),
+                "hidden": h,
+                "gap (10⁻³ nats)": mean_sd(1000 * enc["gap"][i], "{:.1f}"),
+                "encoder, own size": mean_sd(enc["native"][i]),
+                "encoder, embedded*": mean_sd(enc["adjusted"][i]),
+                "head, own size": mean_sd(head["native"][i]),
+                "head, embedded*": mean_sd(head["adjusted"][i]),
+                f"accuracy (n = {n:,})": mean_sd(sres[h]["accuracy"][:, -1], "{:.3f}"),
             }
             for i, h in enumerate(compared)
         ]
