@@ -512,6 +512,8 @@ def _record(
             f"statement has an unmatched $ (inline mathematics stands between two; "
             f"write \\$ for a dollar sign): {statement!r}"
         )
+    if "`" in statement:  # the verdict line renders mathematics, not Markdown
+        raise ValueError(f"statement has a backtick (not rendered): {statement!r}")
     if not isinstance(evidence, str):
         raise TypeError(f"evidence must be a string, got {type(evidence).__name__}")
     value = _check_value(value)

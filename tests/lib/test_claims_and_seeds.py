@@ -148,6 +148,8 @@ def test_statement_math_is_typeset_like_the_prose():
     assert s in repr(_Verdict(record))
     with pytest.raises(ValueError, match=r"statement has an unmatched \$"):
         claim("half $x", True, "e")
+    with pytest.raises(ValueError, match="statement has a backtick"):
+        claim("reads `[CLS]`", True, "e")
 
 
 @pytest.mark.parametrize(
