@@ -35,6 +35,7 @@ is left out of the key of the model cache (:func:`fmlab.repro.code_fingerprint`)
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import hashlib
 import inspect
 import json
@@ -405,6 +406,23 @@ def restamp_checked(path, *, sources, check, job: str, slice=None) -> int:
     restamp(path, sources=sources, note=note, slice=slice() if slice else None)
     print(note)
     return 0
+
+
+@functools.lru_cache(maxsize=16)
+def _load_kept(path: str, mtime_ns: int, code: str, script: str, sources: tuple):
+    return load(path, script=script, sources=list(sources))
+
+
+def load_cached(path, *, script: str, sources) -> dict:
+    """:func:`load`, kept in memory while the file (its modification time) and the code
+    behind it (today's fingerprint of ``sources``) stay the same: a page reads its
+    stored file once, however many runs it looks up in it. The same errors as
+    :func:`load`; the dict returned is shared between calls, so copy what you change."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no stored results at {path}; run {script}")
+    code = fingerprint(sources)["all"]
+    return _load_kept(str(path), path.stat().st_mtime_ns, code, script, tuple(sources))
 
 
 def load(path, *, script: str, sources, hint: str = "") -> dict:

@@ -236,3 +236,23 @@ def test_other_rounding_takes_another_path_than_the_record():
         assert stored.other_rounding(capped) == {
             "ATEN_CPU_CAPABILITY": here["cpu_capability"].lower()
         }
+
+
+def test_a_cached_load_reads_once_and_again_after_a_change(tmp_path):
+    code = tmp_path / "cached_mod.py"
+    code.write_text("def produce():\n    return 1\n")
+    mod = _module(code, "cached_mod")
+    out, s = tmp_path / "c.json", "scripts/c.py"
+    with pytest.raises(FileNotFoundError, match=s):
+        stored.load_cached(out, script=s, sources=[mod.produce])
+    stored.write(out, {"runs": [1]}, script=s, sources=[mod.produce], config={})
+    first = stored.load_cached(out, script=s, sources=[mod.produce])
+    assert stored.load_cached(out, script=s, sources=[mod.produce]) is first
+    before = out.stat().st_mtime_ns
+    stored.write(out, {"runs": [2]}, script=s, sources=[mod.produce], config={})
+    os.utime(out, ns=(before + 10**9, before + 10**9))  # a newer file
+    assert stored.load_cached(out, script=s, sources=[mod.produce])["runs"] == [2]
+    code.write_text("def produce():\n    return 2\n")  # the code changed
+    mod = _module(code, "cached_mod")
+    with pytest.raises(stored.StaleResults, match=s):
+        stored.load_cached(out, script=s, sources=[mod.produce])

@@ -217,13 +217,6 @@ def lpft_sources() -> list:
     ]
 
 
-@functools.lru_cache(maxsize=4)
-def _load(path: str, mtime_ns: int, code: str) -> dict:
-    """:func:`fmlab.stored.load` of ``path``, kept while the file (``mtime_ns``) and
-    the code (``code``, today's fingerprint) stay the same."""
-    return stored.load(path, script=LPFT_SCRIPT, sources=lpft_sources())
-
-
 def lpft_results(path: Path | str | None = None) -> dict | None:
     """The stored experiments (``{"meta", "runs": [per experiment: config, result],
     "stored"}``, as written), or None when the file is absent. Raises
@@ -232,8 +225,7 @@ def lpft_results(path: Path | str | None = None) -> dict | None:
     path = Path(LPFT_RESULTS if path is None else path)
     if not path.exists():
         return None
-    code = stored.fingerprint(lpft_sources())["all"]
-    return _load(str(path), path.stat().st_mtime_ns, code)
+    return stored.load_cached(path, script=LPFT_SCRIPT, sources=lpft_sources())
 
 
 @functools.lru_cache(maxsize=4)

@@ -212,13 +212,6 @@ def natural_sources() -> list:
     ]
 
 
-@functools.lru_cache(maxsize=4)
-def _load(path: str, mtime_ns: int, code: str) -> dict:
-    """:func:`fmlab.stored.load` of ``path``, kept while the file (``mtime_ns``) and
-    the code (``code``, today's fingerprint) stay the same."""
-    return stored.load(path, script=NATURAL_SCRIPT, sources=natural_sources())
-
-
 def natural_results(path: Path | str | None = None) -> dict:
     """The stored results (``{"meta", "width_test", "pretraining", "stored"}``, as
     written). Raises :class:`FileNotFoundError` when the file is absent and
@@ -227,8 +220,7 @@ def natural_results(path: Path | str | None = None) -> dict:
     path = Path(NATURAL_RESULTS if path is None else path)
     if not path.exists():
         raise FileNotFoundError(f"no stored results at {path}; run {NATURAL_SCRIPT}")
-    code = stored.fingerprint(natural_sources())["all"]
-    return _load(str(path), path.stat().st_mtime_ns, code)
+    return stored.load_cached(path, script=NATURAL_SCRIPT, sources=natural_sources())
 
 
 @functools.lru_cache(maxsize=4)

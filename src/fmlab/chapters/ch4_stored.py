@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import functools
 import json
 import os
 import tempfile
@@ -217,13 +216,6 @@ def fewshot_sources() -> list:
     ]
 
 
-@functools.lru_cache(maxsize=2)
-def _load(path: str, mtime_ns: int, code: str) -> dict:
-    """:func:`fmlab.stored.load` of ``path``, kept while the file (``mtime_ns``) and
-    the code (``code``, today's fingerprint) stay the same."""
-    return stored.load(path, script=FEWSHOT_SCRIPT, sources=fewshot_sources())
-
-
 def fewshot_results(path: Path | str | None = None) -> dict | None:
     """The stored runs (``{"runs": [{"pretrain", "experiment", "entry"}], "meta",
     "stored"}``, as written), or None when the file is absent. Raises
@@ -232,8 +224,7 @@ def fewshot_results(path: Path | str | None = None) -> dict | None:
     path = Path(FEWSHOT_RESULTS if path is None else path)
     if not path.exists():
         return None
-    code = stored.fingerprint(fewshot_sources())["all"]
-    return _load(str(path), path.stat().st_mtime_ns, code)
+    return stored.load_cached(path, script=FEWSHOT_SCRIPT, sources=fewshot_sources())
 
 
 def _as_data(config) -> dict:

@@ -150,13 +150,6 @@ def pretrained_sources() -> list:
     ]
 
 
-@functools.lru_cache(maxsize=4)
-def _load(path: str, mtime_ns: int, code: str) -> dict:
-    """:func:`fmlab.stored.load` of ``path``, kept while the file (``mtime_ns``) and
-    the code (``code``, today's fingerprint) stay the same."""
-    return stored.load(path, script=PRETRAINED_SCRIPT, sources=pretrained_sources())
-
-
 def pretrained_results(path: Path | str | None = None) -> dict | None:
     """The stored runs (``{"meta", "runs": [per run: config, state_dict, losses,
     val_loss, cpu_seconds], "stored"}``, as written), or None when the file is
@@ -165,8 +158,9 @@ def pretrained_results(path: Path | str | None = None) -> dict | None:
     path = Path(PRETRAINED_RESULTS if path is None else path)
     if not path.exists():
         return None
-    code = stored.fingerprint(pretrained_sources())["all"]
-    return _load(str(path), path.stat().st_mtime_ns, code)
+    return stored.load_cached(
+        path, script=PRETRAINED_SCRIPT, sources=pretrained_sources()
+    )
 
 
 @functools.lru_cache(maxsize=4)
