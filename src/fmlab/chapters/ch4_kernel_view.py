@@ -36,6 +36,8 @@ holds the other runners of the pages (:func:`setting`, :func:`bag_of_words_accur
 :func:`signgd_steps`, :func:`width_test`, :func:`bayes_output_derivative`,
 :func:`lora_kernel`, :func:`entk_timing`, :func:`label_word_swap`): each returns what
 one section of a chapter page shows.
+The checks of the comparisons page 04's running text states are in
+:mod:`.ch4_checks`.
 
 Used in Chapter 4: ``notebooks/04-kernel-view.ipynb`` (the kernel view tested on
 few-shot runs) and ``notebooks/04b-natural-tasks-and-lora.ipynb`` (natural tasks,
