@@ -201,6 +201,10 @@ RENAMED = {
         "06-in-context-learning",
         r"\\xi\^c_\{\\text\{delim\}\}",
     ),
+    "the eigenvalues omega_i of Sigma, page 01 (s is the labelling)": (
+        "01-pretraining-and-adaptation",
+        r"\\operatorname\{diag\}\(\\omega\)",
+    ),
     "Chapter 4's filter argument tau": (
         None,
         r"Ch\. 4: the argument \$\\eta t\\kappa\$",
@@ -217,6 +221,33 @@ def test_a_renamed_symbol_is_used_and_listed(what):
             "".join(c["source"]) for c in _cells(ROOT / "notebooks" / f"{page}.ipynb")
         )
         assert re.search(rx, text), f"{what}: not on page {page}"
+
+
+# Second meanings renamed away (issue 51): on each page a letter keeps the meaning of
+# the source it follows, the other meaning takes a letter of its own, and the old use
+# is gone from the page's text (markdown and the statements of its code cells).
+RETIRED = {
+    "c = E[y^2], page 01 (c is the hidden class)": (
+        "01-pretraining-and-adaptation",
+        r"c\s*=\s*\\mathbb\{E\}\[y\^2\]|\+\s*c\s*,",
+    ),
+    "the eigenvalues s_i of Sigma, page 01 (s is the labelling)": (
+        "01-pretraining-and-adaptation",
+        r"\\operatorname\{diag\}\(s\)|\(s_i\s*\+\s*\\lambda\)",
+    ),
+}
+
+
+def _page_text(page: str) -> str:
+    return "".join(
+        "".join(c["source"]) for c in _cells(ROOT / "notebooks" / f"{page}.ipynb")
+    )
+
+
+@pytest.mark.parametrize("what", RETIRED)
+def test_a_retired_meaning_is_gone_from_its_page(what):
+    page, rx = RETIRED[what]
+    assert re.findall(rx, _page_text(page)) == [], what
 
 
 # Xie et al.'s names that the book renamed on Chapter 6's pages: theta is a model's
