@@ -3,6 +3,7 @@ of the slice its module defines today, on this machine, leaving the stored resul
 and their fingerprint as they are.
 
     python scripts/reslice.py ch6_worlds ch5_size_sweep   # after editing their *_SLICE
+    python scripts/reslice.py --all                       # every file it knows
 
 A slice is a small run of the same code as the stored results (for example a few
 training steps of three replicates), which ``tests/chapters/test_stored_runs.py``
@@ -12,6 +13,13 @@ script does so and records a note in the file's history. It refuses a file whose
 has changed since its results were stored (that needs the file's own script, with
 ``--restamp`` or a full rerun), since a slice must come from the code that produced
 the results beside it.
+
+The slice is recorded on the portable rounding path
+(:data:`fmlab.stored.PORTABLE_ROUNDING`: ATen's scalar kernels, MKL's compatible path),
+which this script sets before it imports torch; the tests then rerun it on the
+machine's own vector kernels, the faster path. A script that writes a whole results
+file records its slice on the path it ran on; ``reslice.py`` afterwards moves the slice
+to the portable one.
 """
 
 from __future__ import annotations
@@ -23,20 +31,27 @@ import sys
 import time
 from dataclasses import asdict, replace
 
-# The stored files whose slice this script can recompute. Not ch5_same_loss: its whole
-# module is in its fingerprint, so a new slice (an edit of that module) needs
-# scripts/ch5_same_loss.py --restamp, which checks a job of the run first.
+# The stored files whose slice this script can recompute. ch5_same_loss's whole module
+# is in its fingerprint, so a new slice setting there (an edit of that module) needs
+# scripts/ch5_same_loss.py --restamp first, which checks a job of the run; after it,
+# this script can record the slice again.
 NAMES = (
     "ch3_lpft",
     "ch4_fewshot",
     "ch4_natural",
     "ch4_second_world",
     "ch5_noise_transfer",
+    "ch5_same_loss",
     "ch5_size_sweep",
     "ch5_width_sweep",
     "ch6_pretrained",
     "ch6_worlds",
 )
+
+
+#: :data:`fmlab.stored.PORTABLE_ROUNDING`, written out: it must be set before torch is
+#: imported, and importing fmlab imports torch
+PORTABLE = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE"}
 
 
 def _spec(name: str):
@@ -83,6 +98,13 @@ def _spec(name: str):
             config,
             m.noise_transfer_slice,
         )
+    if name == "ch5_same_loss":
+        from fmlab import stored
+        from fmlab.chapters import ch5_implicit_bias as m
+
+        page = stored.read(m.SAME_LOSS_RESULTS)["meta"]["config"]
+        config = asdict(replace(m.same_loss_config(page), **m.SAME_LOSS_SLICE))
+        return m.SAME_LOSS_RESULTS, m.same_loss_sources(), config, m.same_loss_slice
     if name == "ch5_size_sweep":
         from fmlab.chapters import ch5_size as m
 
@@ -111,16 +133,23 @@ def _spec(name: str):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("names", nargs="+", choices=NAMES, help="the results files")
+    ap.add_argument("names", nargs="*", choices=NAMES, help="the results files")
+    ap.add_argument("--all", action="store_true", help="every file in NAMES")
     a = ap.parse_args(argv)
+    if a.all == bool(a.names):
+        ap.error("name the results files, or give --all")
     os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ.update(PORTABLE)  # before torch is imported
     import torch
 
     from fmlab import stored
 
+    assert stored.PORTABLE_ROUNDING == PORTABLE, "reslice.PORTABLE is out of date"
     torch.set_num_threads(1)
+    if torch.backends.cpu.get_cpu_capability().upper() != "DEFAULT":
+        raise SystemExit("torch was imported before the rounding path was set")
     status = 0
-    for name in a.names:
+    for name in a.names or NAMES:
         path, sources, config, run = _spec(name)
         changed = stored.changed_sources(path, sources)
         if changed:
@@ -134,8 +163,9 @@ def main(argv=None) -> int:
         now = json.loads(json.dumps(config))  # tuples as the file keeps them
         moved = {k: (before.get(k), v) for k, v in now.items() if before.get(k) != v}
         note = (
-            f"Slice replaced (scripts/reslice.py): settings {moved} (was, now); "
-            f"the stored results are unchanged; the new slice took {seconds:.1f} s."
+            f"Slice replaced (scripts/reslice.py): settings {moved or 'unchanged'} "
+            f"(was, now), recorded on the portable rounding path {PORTABLE}; the "
+            f"stored results are unchanged; the new slice took {seconds:.1f} s."
         )
         stored.restamp(
             path, sources=sources, note=note, slice={"config": config, "result": result}

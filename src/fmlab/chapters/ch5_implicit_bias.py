@@ -687,7 +687,7 @@ SAME_LOSS_SCRIPT = "scripts/ch5_same_loss.py"
 #: seconds on one core.
 SAME_LOSS_SLICE = dict(
     n_models=3,
-    pretrain_steps=120,
+    pretrain_steps=60,
     n_gap=500,
     n_trace=100,
     probe_sizes=(100, 500),

@@ -905,8 +905,8 @@ def width_sweep_results(path: Path | str | None = None) -> dict:
 #: smaller evaluation sets; seconds on one core.
 WIDTH_SWEEP_SLICE = dict(
     widths=(16, 32),
-    pretrain_steps=100,
-    warmup=50,
+    pretrain_steps=50,
+    warmup=25,
     pretrain_batch=128,
     probe_sizes=(100, 500),
     n_probe_test=500,

@@ -270,9 +270,9 @@ WORLDS_SLICE = dict(
     scale="tiny",
     offsets=(0,),
     model_seeds=(0, 1, 2),
-    steps=20,
+    steps=10,
     eval_seeds=(1, 2),
-    n_prompts=200,
+    n_prompts=100,
     bayes_eps=(0.15,),
     n_segments=20,
 )
