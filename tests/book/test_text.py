@@ -205,6 +205,10 @@ RENAMED = {
         "01-pretraining-and-adaptation",
         r"\\operatorname\{diag\}\(\\omega\)",
     ),
+    "the augmentation's noise scales, page 02 (s is the spread, epsilon the excess)": (
+        "02-interface",
+        r"(?s)\\sigma\$.*\\sigma_\{\\text\{jitter\}\}",
+    ),
     "Chapter 4's filter argument tau": (
         None,
         r"Ch\. 4: the argument \$\\eta t\\kappa\$",
@@ -234,6 +238,19 @@ RETIRED = {
     "the eigenvalues s_i of Sigma, page 01 (s is the labelling)": (
         "01-pretraining-and-adaptation",
         r"\\operatorname\{diag\}\(s\)|\(s_i\s*\+\s*\\lambda\)",
+    ),
+    "the augmentation width s, page 02 (s(f) is the spread)": (
+        "02-interface",
+        r"width \$s\$|\$s\$ controls|\(larger \$s\$\)|every \$s\$|\$s=0\.3\$"
+        r"|grows with \$s\$|rises with \$s\$|smallest \$s\$|largest \$s\$",
+    ),
+    "the jitter epsilon = 0.1, page 02 (epsilon is the excess spectral loss)": (
+        "02-interface",
+        r"\\varepsilon\s*=\s*0\.1",
+    ),
+    "the representation phi_theta, page 02 (phi is the label leakage)": (
+        "02-interface",
+        r"\\phi_\\theta",
     ),
 }
 

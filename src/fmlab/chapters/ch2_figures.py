@@ -272,7 +272,7 @@ def plot_connectivity_sweep(sweep: SweepResult, trivial: float):
         xscale="log",
         yscale="log",
         ylim=(1e-4, 12),
-        xlabel="augmentation along the manifold $s$",
+        xlabel=r"augmentation along the manifold $\sigma$",
         ylabel=r"$L^\star_{adapt}(f^\star)$ (solid), $\phi/\lambda_{k+1}$ (dotted)",
         title="Better within-class connectivity",
     )
@@ -293,7 +293,10 @@ def plot_connectivity_sweep(sweep: SweepResult, trivial: float):
             ms=4,
         )
     axes[1].set(
-        xscale="log", yscale="log", xlabel="$s$", title="What the knobs do to the graph"
+        xscale="log",
+        yscale="log",
+        xlabel=r"$\sigma$",
+        title="What the knobs do to the graph",
     )
     im = axes[2].imshow(
         L.T.clamp_min(1e-6).log10(), origin="lower", aspect="auto", cmap="viridis"
@@ -303,7 +306,7 @@ def plot_connectivity_sweep(sweep: SweepResult, trivial: float):
         xticklabels=sweep.along_stds,
         yticks=range(len(sweep.separations)),
         yticklabels=sweep.separations,
-        xlabel="$s$",
+        xlabel=r"$\sigma$",
         ylabel="separation",
         title=r"$\log_{10} L^\star_{adapt}(f^\star)$",
     )
@@ -403,7 +406,9 @@ def render_sweep_state(base: ManifoldConfig, s: float, sep: float, k: int, title
         cmap="coolwarm",
         s=9,
     )
-    a1.set(aspect="equal", title=rf"$s$ = {s}, separation {sep}: colour = $f^\star_2$")
+    a1.set(
+        aspect="equal", title=rf"$\sigma$ = {s}, separation {sep}: colour = $f^\star_2$"
+    )
     a1.axis("off")
     for c in range(base.n_classes):
         m = G.labels == c
@@ -435,7 +440,7 @@ def sweep_slider(cfg: SweepConfig, sweep: SweepResult):
         return slider_figure(
             render,
             {"s": list(cfg.along_stds), "sep": list(cfg.separations[::2])},
-            labels={"s": "augmentation s", "sep": "separation"},
+            labels={"s": "augmentation σ", "sep": "separation"},
             initial={"s": 1, "sep": 1},
         )
 
