@@ -209,6 +209,14 @@ RENAMED = {
         "02-interface",
         r"(?s)\\sigma\$.*\\sigma_\{\\text\{jitter\}\}",
     ),
+    "the smallest eigenvalue kappa_min, page 03 (lambda is the ridge penalty)": (
+        "03-lp-vs-ft",
+        r"\\kappa_\{\\min\}\(\\Sigma_\{\\text\{ood\}\}\)",
+    ),
+    "the best accuracy q of the one-standard-error rule, page 03": (
+        "03-lp-vs-ft",
+        r"\$n_\{\\text\{val\}\}\$, \$q\$|q\(1-q\)/n_\{\\text\{val\}\}",
+    ),
     "Chapter 4's filter argument tau": (
         None,
         r"Ch\. 4: the argument \$\\eta t\\kappa\$",
@@ -251,6 +259,14 @@ RETIRED = {
     "the representation phi_theta, page 02 (phi is the label leakage)": (
         "02-interface",
         r"\\phi_\\theta",
+    ),
+    "the accuracy p of the one-standard-error rule, page 03 (p is the dimension)": (
+        "03-lp-vs-ft",
+        r"p\(1-p\)|best accuracy\s+\$p\$",
+    ),
+    "the eigenvalue lambda_min, page 03 (lambda is the ridge penalty)": (
+        "03-lp-vs-ft",
+        r"\\lambda_\{?\\min",
     ),
 }
 
