@@ -35,6 +35,7 @@ __all__ = [
     "slider_figure",
     "table",
     "Table",
+    "Tables",
 ]
 
 #: Colours used for the same roles in every chapter (colour-blind safe, Okabe-Ito).
@@ -632,7 +633,26 @@ class Table:
         return "\n".join(line.rstrip() for line in out)
 
 
+class Tables:
+    """Several :class:`Table` shown as one output, one after another (a table too wide
+    for the page's column, split by the quantities it shows)."""
+
+    def __init__(self, *tables: Table):
+        if not tables or not all(isinstance(t, Table) for t in tables):
+            raise TypeError("tables must be one or more Table (fmlab.viz.table)")
+        self.tables = tables
+
+    def _repr_html_(self) -> str:
+        return "".join(t._repr_html_() for t in self.tables)
+
+    def __repr__(self) -> str:
+        return "\n\n".join(repr(t) for t in self.tables)
+
+
 def _numeric(text: str) -> bool:
+    """Whether a cell reads as a number (right-aligned): a true minus sign, a percent
+    sign, a spread after ± and a trailing footnote mark * allowed."""
+    text = text.removesuffix("*")
     try:
         float(text.replace("\u2212", "-").replace("%", "").replace("\u00b1", "e"))
     except ValueError:

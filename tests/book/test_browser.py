@@ -436,8 +436,9 @@ def _check_layout(driver, page):
     """At the desktop width: every figure is shown at >= 90% of the width it was drawn
     for (its width attribute: the figures are 2x PNGs), no printed output scrolls
     sideways, every figure has a numbered caption (pages not in UNCAPTIONED), no claim
-    line shows a MyST label id, and no code cell scrolls sideways (code lines are at
-    most 88 characters, which assets/fmlab.css sizes to fit the column)."""
+    line shows a MyST label id, no code cell scrolls sideways (code lines are at
+    most 88 characters, which assets/fmlab.css sizes to fit the column), and no word
+    or number in a shown result table is broken across two lines ('prom / pt')."""
     driver.execute_script("window.scrollTo(0, 0)")
     small = driver.execute_script(
         "return Array.from(document.querySelectorAll('.cell_output img'))"
@@ -496,6 +497,40 @@ def _check_layout(driver, page):
         f".filter(e => e.offsetParent !== null && {overflow}(e)).length"
     )
     assert not wide_code, f"{page}: {wide_code} code cells scroll sideways"
+    broken = driver.execute_script(BROKEN_WORDS)
+    assert not broken, f"{page}: words broken inside table cells: {broken[:5]}"
+
+
+# Words of the shown tables whose letters sit on two lines: a line break inside a word
+# or a number (between two letters, digits or a decimal point; a break after '*' or
+# before '(' is a break between words). Returns [the word, the letters around the
+# break] for each.
+BROKEN_WORDS = r"""
+const out = [];
+for (const t of document.querySelectorAll('.bd-article table')) {
+  if (!t.getClientRects().length || t.closest('details:not([open])')) continue;
+  const walker = document.createTreeWalker(t, NodeFilter.SHOW_TEXT);
+  for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+    for (const m of n.data.matchAll(/\S+/g)) {
+      let prev = null;
+      for (let i = m.index; i < m.index + m[0].length; i++) {
+        const r = document.createRange();
+        r.setStart(n, i);
+        r.setEnd(n, i + 1);
+        const box = r.getClientRects()[0];
+        if (!box) continue;
+        if (prev !== null && box.top > prev + 2) {
+          const pair = n.data[i - 1] + n.data[i];
+          if (/^[\w.°²][\w.°²]$/.test(pair)) out.push([m[0], pair]);
+          break;
+        }
+        prev = box.top;
+      }
+    }
+  }
+}
+return out;
+"""
 
 
 def test_search_finds_chapter_content(server, browser):

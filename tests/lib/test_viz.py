@@ -107,6 +107,22 @@ def test_table_text_has_no_trailing_padding():
     assert text("9.8").replace("9.8", "T") == text("123.4").replace("123.4", "T")
 
 
+def test_tables_show_one_after_another_and_a_marked_number_is_a_number():
+    from fmlab.viz import Tables, table
+
+    a = table([{"width": "32*", "x": 1.0}], caption="A")
+    b = table([{"width": "16", "y": "b"}], caption="B")
+    both = Tables(a, b)
+    assert both._repr_html_() == a._repr_html_() + b._repr_html_()
+    assert repr(both) == repr(a) + "\n\n" + repr(b)
+    assert 'text-align:right">32*</td>' in a._repr_html_()  # a footnote mark
+    assert 'text-align:left">b</td>' in b._repr_html_()
+    with pytest.raises(TypeError, match="tables"):
+        Tables()
+    with pytest.raises(TypeError, match="tables"):
+        Tables(a, "b")
+
+
 def test_glue_texts_keeps_each_text_and_names_bad_input(monkeypatch):
     from fmlab import viz
     from fmlab.viz import glue_texts

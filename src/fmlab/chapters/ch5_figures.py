@@ -14,7 +14,7 @@ from matplotlib.lines import Line2D
 from .. import stored
 from ..claims import SeedEffect
 from ..theory.sgd_manifold import flow_trace
-from ..viz import PALETTE, slider_figure, table
+from ..viz import PALETTE, Tables, slider_figure, table
 from .ch5_sgd_noise import width_lr_pairs
 from .ch5_theory import DyckConfig, ManifoldResult
 
@@ -659,46 +659,62 @@ def prose_noise(tres: dict, cfg) -> dict[str, str]:
     }
 
 
-def width_sweep_table(wres: dict, compared, sizes):
-    """One row per (width, learning rate) of the stored width sweep: parameters, gap,
-    the probe's accuracy at every size, and the block traces (mean ± sd over seeds);
-    the same traces with every model embedded at the largest width; the rows the
-    chapter compares at equal loss are marked."""
+def width_sweep_table(wres: dict, compared, sizes) -> Tables:
+    """The stored width sweep as two tables, one row per (width, learning rate) in
+    each (mean ± sd over seeds), the rows the chapter compares at equal loss marked
+    with *: the gap and the probe's accuracy at every size; then the block traces, at
+    each model's own width and with every model embedded at the largest width. (One
+    table of all fourteen columns was wider than the page's column.)"""
     largest = max(wres["meta"]["config"]["widths"])
-    rows = []
+    accuracy, traces, seeds = [], [], set()
     for key, g in wres.items():
         if key == "meta":
             continue
         width, lr = key
-        rows.append(
-            {
-                "width": width,
-                "lr": f"{lr:g}",
-                "parameters": f"{g['n_params']:,}",
-                "seeds": len(g["gap"]),
-                "gap (nats)": mean_sd(g["gap"], "{:.4f}"),
-            }
+        seeds.add(len(g["gap"]))
+        first = {"width": f"{width}*" if key in compared else str(width)}
+        first["lr"] = f"{lr:g}"
+        accuracy.append(
+            first
+            | {"parameters": f"{g['n_params']:,}"}
+            | {"gap (nats)": mean_sd(g["gap"], "{:.4f}")}
             | {
                 f"n = {n}": mean_sd(g["accuracy"][:, j], "{:.3f}")
                 for j, n in enumerate(sizes)
             }
+        )
+        traces.append(
+            first
             | {
-                "encoder tr": mean_sd(g["trace_encoder"], "{:.1f}"),
-                "decoder tr": mean_sd(g["trace_head"], "{:.1f}"),
-                f"encoder tr at d = {largest}": mean_sd(
+                "encoder": mean_sd(g["trace_encoder"], "{:.1f}"),
+                "decoder": mean_sd(g["trace_head"], "{:.1f}"),
+                f"encoder at d = {largest}": mean_sd(
                     g["trace_embedded_encoder"], "{:.1f}"
                 ),
-                f"decoder tr at d = {largest}": mean_sd(
+                f"decoder at d = {largest}": mean_sd(
                     g["trace_embedded_head"], "{:.1f}"
                 ),
-                "compared": "yes" if key in compared else "",
             }
         )
-    caption = (
-        "The stored width sweep (untied language): block accuracy of the probe at "
-        "each training size n; mean ± sd over seeds"
+    over = f"mean ± sd over {'/'.join(str(s) for s in sorted(seeds))} seeds"
+    mark = "* a row the chapter compares at equal loss"
+    return Tables(
+        table(
+            accuracy,
+            caption=(
+                "The stored width sweep (untied language): the loss gap and the block "
+                f"accuracy of the probe at each training size n; {over}; {mark}"
+            ),
+        ),
+        table(
+            traces,
+            caption=(
+                "The same models' block traces (the Fisher trace of the encoder's and "
+                "the decoder's parameters), at the model's own width and embedded at "
+                f"d = {largest}; {over}; {mark}"
+            ),
+        ),
     )
-    return table(rows, caption=caption)
 
 
 def plot_width_sweep(wres: dict, compared, sizes, tolerance: float):
