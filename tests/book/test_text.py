@@ -217,6 +217,10 @@ RENAMED = {
         "03-lp-vs-ft",
         r"\$n_\{\\text\{val\}\}\$, \$q\$|q\(1-q\)/n_\{\\text\{val\}\}",
     ),
+    "the cyclic orders pi_k and the emission noise nu, page 05b": (
+        "05b-same-loss",
+        r"(?s)cyclic orders? \$?\\pi_k.*emission noise",
+    ),
     "Chapter 4's filter argument tau": (
         None,
         r"Ch\. 4: the argument \$\\eta t\\kappa\$",
@@ -267,6 +271,18 @@ RETIRED = {
     "the eigenvalue lambda_min, page 03 (lambda is the ridge penalty)": (
         "03-lp-vs-ft",
         r"\\lambda_\{?\\min",
+    ),
+    "the cyclic orders sigma_k, page 05b (sigma is the head's activation)": (
+        "05b-same-loss",
+        r"\\sigma_k",
+    ),
+    "the emission noise epsilon, page 05b (varepsilon is the tolerance)": (
+        "05b-same-loss",
+        r"\\epsilon",
+    ),
+    "the block summed out, twice in a row, page 05b": (
+        "05b-same-loss",
+        r"summed out\. Every coordinate",
     ),
 }
 
