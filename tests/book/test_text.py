@@ -221,6 +221,10 @@ RENAMED = {
         "05b-same-loss",
         r"(?s)cyclic orders? \$?\\pi_k.*emission noise",
     ),
+    "the decoder's bias b and the largest width d_max, page 05c": (
+        "05c-same-loss-transformer",
+        r"(?s)z=D\\phi\+b.*m\s*=\s*d_\{\\max\}/d",
+    ),
     "Chapter 4's filter argument tau": (
         None,
         r"Ch\. 4: the argument \$\\eta t\\kappa\$",
@@ -283,6 +287,23 @@ RETIRED = {
     "the block summed out, twice in a row, page 05b": (
         "05b-same-loss",
         r"summed out\. Every coordinate",
+    ),
+    "the decoder's bias c, page 05c (c counts the copies)": (
+        "05c-same-loss-transformer",
+        r"D\\phi\s*\+\s*c\b|D @ phi \+ c|D \* phi \+ c"
+        r"|\\partial\(D,c\)|\\nabla_\{D,c\}",
+    ),
+    "the query scale c, page 05c (c counts the copies)": (
+        "05c-same-loss-transformer",
+        r"queries of a head by \$c\$|c\\odot w",
+    ),
+    "the largest width D, page 05c (D is the decoder)": (
+        "05c-same-loss-transformer",
+        r"m = D/d|width \$D\$|\(D\+1\)|embedded at \$D\$",
+    ),
+    "machinery and a broken sentence in page 05c's running text": (
+        "05c-same-loss-transformer",
+        r"no several points|\n\nThe tests check each of these ratios",
     ),
 }
 
