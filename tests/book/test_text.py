@@ -276,6 +276,10 @@ RETIRED = {
         "03-lp-vs-ft",
         r"\\lambda_\{?\\min",
     ),
+    "the encoder's bias c in an exercise, page 03 (c is a class)": (
+        "03-lp-vs-ft",
+        r"Bx \+ c\)",
+    ),
     "the cyclic orders sigma_k, page 05b (sigma is the head's activation)": (
         "05b-same-loss",
         r"\\sigma_k",
