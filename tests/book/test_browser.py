@@ -438,7 +438,8 @@ def _check_layout(driver, page):
     sideways, every figure has a numbered caption (pages not in UNCAPTIONED), no claim
     line shows a MyST label id, no code cell scrolls sideways (code lines are at
     most 88 characters, which assets/fmlab.css sizes to fit the column), and no word
-    or number in a shown result table is broken across two lines ('prom / pt')."""
+    or number in a shown result table is broken across two lines ('prom / pt'), and
+    the page shows one search box (the sidebar's)."""
     driver.execute_script("window.scrollTo(0, 0)")
     small = driver.execute_script(
         "return Array.from(document.querySelectorAll('.cell_output img'))"
@@ -499,6 +500,13 @@ def _check_layout(driver, page):
     assert not wide_code, f"{page}: {wide_code} code cells scroll sideways"
     broken = driver.execute_script(BROKEN_WORDS)
     assert not broken, f"{page}: words broken inside table cells: {broken[:5]}"
+    searches = driver.execute_script(
+        "return Array.from(document.querySelectorAll("
+        "'.search-button-field, form.bd-search, .search-button'))"
+        ".filter(e => e.offsetParent !== null && e.getBoundingClientRect().width > 0)"
+        ".length"
+    )
+    assert searches == 1, f"{page}: {searches} search boxes shown, not one"
 
 
 # Words of the shown tables whose letters sit on two lines: a line break inside a word
