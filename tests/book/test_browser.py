@@ -437,9 +437,10 @@ def _check_layout(driver, page):
     for (its width attribute: the figures are 2x PNGs), no printed output scrolls
     sideways, every figure has a numbered caption (pages not in UNCAPTIONED), no claim
     line shows a MyST label id, no code cell scrolls sideways (code lines are at
-    most 88 characters, which assets/fmlab.css sizes to fit the column), and no word
-    or number in a shown result table is broken across two lines ('prom / pt'), and
-    the page shows one search box (the sidebar's)."""
+    most 88 characters, which assets/fmlab.css sizes to fit the column), no word
+    or number in a shown result table is broken across two lines ('prom / pt'), the
+    page shows one search box (the sidebar's), and no display formula is wider than
+    its box (MathJax would cut it off with a scrollbar; WIDE_MATH)."""
     driver.execute_script("window.scrollTo(0, 0)")
     small = driver.execute_script(
         "return Array.from(document.querySelectorAll('.cell_output img'))"
@@ -507,6 +508,65 @@ def _check_layout(driver, page):
         ".length"
     )
     assert searches == 1, f"{page}: {searches} search boxes shown, not one"
+    driver.set_script_timeout(60)
+    lazy, wide_math = driver.execute_async_script(WIDE_MATH)
+    assert not lazy, f"{page}: {lazy} display formulas left untypeset by the check"
+    assert not wide_math, (
+        f"{page}: {len(wide_math)} display formulas wider than their box, cut off with "
+        "a scrollbar (formula width, box width in px, label or TeX; break them over "
+        f"lines with aligned): {wide_math[:8]}"
+    )
+
+
+# Display formulas wider than their box by more than 8 px (MathJax then gives them a
+# scrollbar and the reader sees them cut off). ui/lazy typesets a formula only when it
+# comes near the screen, so the page's display formulas are typeset first: those still
+# lazy are handed to ui/lazy's own queue (the ten chapters in 5 s here; lazyTypesetAll,
+# which also draws the hundreds of inline formulas, took 23 s in the same run), or,
+# should MathJax's lazy internals change, all formulas with lazyTypesetAll (once: a
+# second call typesets the screen reader's copies as formulas of their own). Returns
+# [the number of display formulas still not typeset, [formula width, box width, the
+# equation's label or its TeX] for each formula too wide].
+WIDE_MATH = r"""
+const done = arguments[arguments.length - 1];
+if (!window.MathJax || !MathJax.startup || !MathJax.startup.promise) {
+  done([0, []]);
+} else {
+  const doc = MathJax.startup.document;
+  // the book's display formulas (MathJax also finds the MathML it wrote for screen
+  // readers once the page is searched again, as lazyTypesetAll does)
+  const displays = () => Array.from(doc.math)
+    .filter(m => m.display && m.inputJax && m.inputJax.name === 'TeX');
+  const lazy = () => displays().filter(m => m.lazyCompile || m.lazyTypeset);
+  const typeset = tries => {
+    if (!doc.lazyList || !lazy().length) return Promise.resolve();
+    if (!(doc.lazyList.items instanceof Map && doc.lazySet && doc.lazyHandleSet))
+      return doc.lazyTypesetAll();
+    const wanted = new Set(lazy());
+    for (const [id, m] of doc.lazyList.items) if (wanted.has(m)) doc.lazySet.add(id);
+    doc.lazyHandleSet();
+    return doc.lazyPromise.then(() => tries > 1 && typeset(tries - 1));
+  };
+  MathJax.startup.promise.then(() => typeset(3)).then(() => {
+    const out = [];
+    for (const item of displays()) {
+      const c = item.typesetRoot;
+      if (!c || !c.isConnected || !c.getClientRects().length
+          || c.closest('details:not([open])')) continue;
+      const inner = (c.firstElementChild || c).getBoundingClientRect();
+      const box = c.parentElement.getBoundingClientRect();
+      const width = Math.max(c.scrollWidth, inner.width);
+      if (width > c.clientWidth + 8 || inner.right > box.right + 8) {
+        const div = c.closest('div.math');
+        const label = div && div.id ? div.id.replace(/^equation-/, '')
+          : item.math.trim().replace(/\s+/g, ' ').slice(0, 60);
+        out.push([Math.round(width), c.clientWidth, label]);
+      }
+    }
+    done([lazy().length, out]);
+  }).catch(e => done([0, ['error: ' + e]]));
+}
+"""
 
 
 # Words of the shown tables whose letters sit on two lines: a line break inside a word
