@@ -30,7 +30,7 @@ REQUIRED_KEYS = [
     "ch4.entk_steps_minus_ft_prompt",
     "ch4.prompt_kernel_change_validated_below_2",
     "ch4.lora_kernel_error_slope_half",
-    "ch4.second_world_contrast",
+    "ch4.second_world_contrast_six",
     "ch5.sgd_trace_drop",
     "ch5.encoder_trace_ratio_adv",
     "ch5.width_transfer_gain",

@@ -81,9 +81,9 @@ def accuracy_checks(runs) -> None:
     wide = runs.points(("standard", WIDE), ("standard", "LP"), 16)
     claim(
         "at the lazy learning rates standard fine-tuning is no better than the linear "
-        "probe on average ($k$ = 16 and 64), and the wide search takes it less than "
-        f"{FEW:g} points beyond it ($k=16$)",
-        all(d <= 0 for d in lazy.values()) and bool(wide.mean() < FEW),
+        f"probe on average (less than {NEAR:g} points above it; $k$ = 16 and 64), and "
+        f"the wide search takes it less than {FEW:g} points beyond it ($k=16$)",
+        all(d < NEAR for d in lazy.values()) and bool(wide.mean() < FEW),
         "standard SGD-FT − LP, lazy scales: "
         + ", ".join(f"{d:+.1f} at k = {k}" for k, d in lazy.items())
         + f"; wide search: {wide.mean():+.1f} at k = 16 (points, means over runs)",
@@ -164,35 +164,35 @@ def probe_checks(runs, contrast: np.ndarray, k: int = 16) -> None:
 
 
 def laziness_checks(runs, k: int = 16) -> None:
-    """The reading of the laziness table at ``k``: at the same scale c = 1 the fresh
-    head strays further from its linearization on average, its kernel moves about as
-    much as the prompt's (the mean log ratio within two standard errors of 0) and at
-    least a quarter of the runs go the other way; at the scales validation picks the
-    standard kernel moves more on average, not in every run; in every prompt-based
-    run the kernel moves more at the largest scale than at the smallest."""
+    """The reading of the laziness table at ``k``: the validated prompt-based runs
+    change their eNTK by less than half the paper's threshold of 2 on average; at the
+    same scale c = 1 the fresh head strays further from its linearization on average;
+    at the scales validation picks the standard kernel moves more on average, not in
+    every run; over the runs, the prompt-based kernel moves more at the largest scale
+    than at the smallest on average."""
+    kc = np.asarray(runs.dynamics[("prompt", "SGD, wide grid", k)]["kernel_change"])
     lin = SeedEffect.of(runs.matched_log_ratio("lin_error", k, 1.0))
-    kc = runs.matched_log_ratio("kernel_change", k, 1.0)
-    kc_e, other = SeedEffect.of(kc), int((kc <= 0).sum())
     claim(
-        "in these runs, at the same scale $c=1$, the fresh head strays further from "
-        "its linearization on average, moves its kernel about as much as the prompt "
-        "(mean log ratio within 2 s.e. of 0), and at least a quarter of the runs go "
-        "the other way",
-        bool(lin.mean > 0 and abs(kc_e.mean) < 2 * kc_e.se and other >= len(kc) / 4),
-        f"mean log ratio, linearization error {lin.mean:+.2f}, kernel change "
-        f"{kc_e.mean:+.2f} ± {kc_e.se:.2f}; kernel change at or below 0 in {other} of "
-        f"{len(kc)} runs",
+        "validated over the wide search, prompt-based fine-tuning changes its eNTK by "
+        "well under the paper's threshold of 2 on average (less than half of it); at "
+        "the same scale $c=1$ the fresh head strays further from its linearization on "
+        "average",
+        bool(kc.mean() < 1 and lin.mean > 0),
+        f"mean relative kernel change {kc.mean():.2f} (largest run {kc.max():.2f}); "
+        "mean log ratio of linearization errors, standard over prompt: "
+        f"{lin.mean:+.2f}",
     )
     val = runs.log_ratio("kernel_change", k)
     grow = runs.kernel_change_growth()
     claim(
         "at the scales validation picks the standard kernel moves more than the "
-        "prompt's on average, not in every run; in every prompt-based run the kernel "
-        "moves more at the largest scale $c$ than at the smallest",
-        bool(val.mean() > 0 and (val <= 0).any() and (grow > 0).all()),
+        "prompt's on average, not in every run; the prompt-based kernel moves more at "
+        "the largest scale $c$ than at the smallest, on average over runs",
+        bool(val.mean() > 0 and (val <= 0).any() and grow.mean() > 0),
         f"log ratio, validated runs: mean {val.mean():+.2f}, at or below 0 in "
-        f"{int((val <= 0).sum())} of {len(val)}; log(largest c / smallest c): "
-        f"{grow.min():+.2f} to {grow.max():+.2f} over {len(grow)} runs",
+        f"{int((val <= 0).sum())} of {len(val)}; log(largest c / smallest c): mean "
+        f"{grow.mean():+.2f}, {grow.min():+.2f} to {grow.max():+.2f} over {len(grow)} "
+        "runs",
     )
 
 
@@ -209,14 +209,13 @@ def two_worlds_checks(worlds: dict, paper=(1.2, 13.6), paper_mean=7.9) -> None:
     pretraining seeds they share (``"book"`` and ``"main"``)."""
     con = {w: per_pretraining(worlds[w])["contrast"] for w in worlds if w != "stored"}
     length = np.array(con["main"] + con["offset"])
-    n_below = int((length < paper_mean).sum())
     claim(
         "the length world's contrast is inside the paper's per-task range at 64 "
-        f"shots ({paper[0]:+.1f} to {paper[1]:+.1f}) on every pretraining of both sets",
-        bool(((length > paper[0]) & (length < paper[1])).all()),
+        f"shots ({paper[0]:+.1f} to {paper[1]:+.1f}), below its six-task mean "
+        f"({paper_mean:+.1f}), on every pretraining of both sets",
+        bool(((length > paper[0]) & (length < paper_mean)).all()),
         f"contrast {length.min():+.1f} to {length.max():+.1f} points over "
-        f"{len(length)} pretrainings, {n_below} below the paper's mean "
-        f"{paper_mean:+.1f}",
+        f"{len(length)} pretrainings",
     )
     names = ("zero_shot", "std_entk", "std_ft")
     book = {n: _by_seed(worlds["book"], n) for n in names}

@@ -728,7 +728,7 @@ def malladi_table(runs, zero_shot: float, n_params: int, d_model: int):
 WORLDS = {
     "book": "no job for [CLS] (this page's world)",
     "main": "[CLS] learns sentence length, w = 1",
-    "offset": "[CLS] learns sentence length, w = 1, three new pretrainings",
+    "offset": "[CLS] learns sentence length, w = 1, new pretrainings (offset 903)",
     "screen": "a topic in the text, w = 0",
 }
 
