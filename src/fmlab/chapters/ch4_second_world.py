@@ -218,16 +218,16 @@ def second_world_results(path: Path | str | None = None) -> dict:
 
 #: The slice of the stored run that the tests rerun (another rounding path than the
 #: record's, :func:`fmlab.stored.other_rounding`): one short pretraining of the second
-#: world at width 16 (60 steps), three draws of 4 examples per class, read at 20 and 40
-#: steps; about 10 s on one core.
+#: world at width 16 (30 steps), three draws of 4 examples per class, read at 10 and 20
+#: steps; about 5 s on one core.
 SECOND_WORLD_SLICE = dict(
     pretrain_seeds=(100,),
     runs=3,
     shots=4,
     scales=(16.0,),
-    checkpoints=(20, 40),
+    checkpoints=(10, 20),
     d_model=16,
-    pretrain_steps=60,
+    pretrain_steps=30,
     n_test=100,
 )
 
