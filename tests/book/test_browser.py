@@ -569,13 +569,14 @@ if (!window.MathJax || !MathJax.startup || !MathJax.startup.promise) {
 """
 
 
-# Words of the shown tables whose letters sit on two lines: a line break inside a word
-# or a number (between two letters, digits or a decimal point; a break after '*' or
-# before '(' is a break between words). Returns [the word, the letters around the
-# break] for each.
+# Words of the shown result tables (cell outputs; the ledger and the claims index wrap
+# their long keys anywhere on purpose) whose letters sit on two lines: a line break
+# inside a word or a number (between two letters, digits or a decimal point; a break
+# after '*' or before '(' is a break between words). Returns [the word, the letters
+# around the break] for each.
 BROKEN_WORDS = r"""
 const out = [];
-for (const t of document.querySelectorAll('.bd-article table')) {
+for (const t of document.querySelectorAll('.bd-article .cell_output table')) {
   if (!t.getClientRects().length || t.closest('details:not([open])')) continue;
   const walker = document.createTreeWalker(t, NodeFilter.SHOW_TEXT);
   for (let n = walker.nextNode(); n; n = walker.nextNode()) {
