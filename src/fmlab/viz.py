@@ -650,11 +650,13 @@ class Tables:
 
 
 def _numeric(text: str) -> bool:
-    """Whether a cell reads as a number (right-aligned): a true minus sign, a percent
-    sign, a spread after ± and a trailing footnote mark * allowed."""
-    text = text.removesuffix("*")
+    """Whether a cell reads as a number (right-aligned): a true minus sign, thousands
+    separators, a percent sign, a spread after ± ("0.82 ± 0.01") and a trailing
+    footnote mark * allowed."""
+    text = text.removesuffix("*").replace("\u2212", "-").replace(",", "")
     try:
-        float(text.replace("\u2212", "-").replace("%", "").replace("\u00b1", "e"))
+        for part in text.replace("%", "").split("\u00b1"):
+            float(part)
     except ValueError:
         return False
     return True

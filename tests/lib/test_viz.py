@@ -116,6 +116,8 @@ def test_tables_show_one_after_another_and_a_marked_number_is_a_number():
     assert both._repr_html_() == a._repr_html_() + b._repr_html_()
     assert repr(both) == repr(a) + "\n\n" + repr(b)
     assert 'text-align:right">32*</td>' in a._repr_html_()  # a footnote mark
+    spread = table([{"acc": "0.82 ± 0.01", "n": "4,826", "d": "−0.3 ± 0.1"}])
+    assert spread._repr_html_().count("text-align:right") == 3
     assert 'text-align:left">b</td>' in b._repr_html_()
     with pytest.raises(TypeError, match="tables"):
         Tables()
