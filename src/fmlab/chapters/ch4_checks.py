@@ -56,7 +56,8 @@ def _acc(runs, setting: str, method: str, k: int) -> np.ndarray:
 def accuracy_checks(runs) -> None:
     """The accuracy table's reading (few-shot runs ``runs``,
     :class:`~.ch4_fewshot.FewShotRuns`): the bag of words near 50% at every k;
-    standard fine-tuning from a fresh head near chance at k = 4; at k = 16 and 64,
+    standard fine-tuning from a fresh head at k = 4 well below prompt-based
+    fine-tuning and closer to chance than to it; at k = 16 and 64,
     at the lazy learning rates, no better than the linear probe on average; the wide
     search takes it only a few points beyond the probe (k = 16)."""
     bow = {k: _acc(runs, "bag of words", "LR", k).mean() for k in runs.shots}
@@ -66,13 +67,14 @@ def accuracy_checks(runs) -> None:
         all(abs(a - 50) < NEAR_CHANCE for a in bow.values()),
         "mean accuracy " + ", ".join(f"{a:.1f}% at k = {k}" for k, a in bow.items()),
     )
-    std4 = _acc(runs, "standard", "SGD-FT", 4)
+    std4 = _acc(runs, "standard", "SGD-FT", 4).mean()
+    prompt4 = _acc(runs, "prompt", "SGD-FT", 4).mean()
     claim(
-        "from a fresh head, standard fine-tuning is near chance at $k=4$ (mean within "
-        f"{NEAR_CHANCE:g} points of 50%)",
-        bool(abs(std4.mean() - 50) < NEAR_CHANCE),
-        f"mean {std4.mean():.1f}% over {len(std4)} runs "
-        f"({std4.min():.1f} to {std4.max():.1f})",
+        "from a fresh head, standard fine-tuning at $k=4$ ends well below prompt-based "
+        f"fine-tuning (at least {WELL_ABOVE:g} points) and closer to chance (50%) than "
+        "to it (means over runs)",
+        bool(prompt4 - std4 >= WELL_ABOVE and std4 - 50 < prompt4 - std4),
+        f"standard {std4:.1f}%, prompt-based {prompt4:.1f}% at k = 4",
     )
     lazy = {
         k: runs.points(("standard", "SGD-FT"), ("standard", "LP"), k).mean()
@@ -94,25 +96,28 @@ def analog_checks(runs, k: int = 16) -> None:
     """The reading of the table of runs beside their analogs at ``k``: the standard
     runs at c = 1 scatter far more widely around their step-matched eNTK than the
     prompt-based runs (at least twice the standard deviation), some beyond ±3, and
-    stay near chance; the eNTK at the ridge 1/T scatters more widely around its run
-    than the step-matched analog and lands below it in most runs; rank-8 LoRA lands
-    near full fine-tuning at every k it is run."""
+    end closer to chance than to the prompt-based runs at that scale; the eNTK at the
+    ridge 1/T scatters more widely around its run than the step-matched analog and
+    lands below it in most runs; rank-8 LoRA lands near full fine-tuning at every k it
+    is run."""
     fixed = "SGD-FT, fixed c"
     prompt = runs.points(("prompt", "K-SGD, same steps"), ("prompt", fixed), k)
     std = runs.points(("standard", "K-SGD, same steps"), ("standard", fixed), k)
-    std_acc = _acc(runs, "standard", fixed, k)
+    std_acc = _acc(runs, "standard", fixed, k).mean()
+    prompt_acc = _acc(runs, "prompt", fixed, k).mean()
     out = int((abs(std) >= 3).sum())
     claim(
         "at $c=1$ the standard runs scatter far more widely (at least twice the "
         "standard deviation) around their step-matched eNTK than the prompt-based "
-        f"runs, some beyond ±3, and stay near chance (mean within {NEAR_CHANCE:g} "
-        "points of 50%)",
+        "runs, some beyond ±3, and end closer to chance (50%) than to the prompt-based "
+        "runs at that scale (means over runs)",
         bool(std.std(ddof=1) >= 2 * prompt.std(ddof=1))
         and out >= 1
-        and bool(abs(std_acc.mean() - 50) < NEAR_CHANCE),
+        and bool(std_acc - 50 < prompt_acc - std_acc),
         f"sd of analog − run: standard {std.std(ddof=1):.2f}, prompt "
         f"{prompt.std(ddof=1):.2f} points; {out} of {len(std)} standard runs outside "
-        f"±3; standard SGD-FT at c = 1: {std_acc.mean():.1f}% on average",
+        f"±3; SGD-FT at c = 1: standard {std_acc:.1f}%, prompt-based "
+        f"{prompt_acc:.1f}% on average",
     )
     ridge = runs.points(("prompt", "K-SGD, analog ridge"), ("prompt", fixed), k)
     below = int((ridge < 0).sum())
