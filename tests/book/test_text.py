@@ -280,6 +280,10 @@ RETIRED = {
         "03-lp-vs-ft",
         r"Bx \+ c\)",
     ),
+    "the class index c of the task's rule, page 03 (c is Kumar et al.'s constant)": (
+        "03-lp-vs-ft",
+        r"\\arg\\max_c",
+    ),
     "the cyclic orders sigma_k, page 05b (sigma is the head's activation)": (
         "05b-same-loss",
         r"\\sigma_k",
