@@ -76,13 +76,13 @@ def test_every_reading_holds_on_runs_that_show_it():
         ({("bag of words", "LR", 64): [56.0, 56.0, 56.0]}, "accuracy", "bag of words"),
         # standard fine-tuning at k = 4 closer to the prompt (82%) than to chance
         ({("standard", "SGD-FT", 4): [69.0, 70.0, 71.0]}, "accuracy", "k=4"),
-        (  # the standard runs at c = 1 (and their analogs) closer to the prompt's
+        (  # the standard runs at c = 1 (and their analogs) as good as the prompt's
             {
-                ("standard", "SGD-FT, fixed c", 16): [72.0, 74.0, 76.0],
-                ("standard", "K-SGD, same steps", 16): [68.0, 75.0, 77.0],
+                ("standard", "SGD-FT, fixed c", 16): [78.0, 80.0, 82.0],
+                ("standard", "K-SGD, same steps", 16): [74.0, 81.0, 83.0],
             },
             "analog",
-            "closer to chance",
+            "well below",
         ),
         ({("standard", "SGD-FT", 64): [66.0, 67.0, 68.0]}, "accuracy", "no better"),
         (  # the wide search 15 points past the probe
