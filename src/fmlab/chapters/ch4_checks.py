@@ -58,8 +58,8 @@ def accuracy_checks(runs) -> None:
     :class:`~.ch4_fewshot.FewShotRuns`): the bag of words near 50% at every k;
     standard fine-tuning from a fresh head at k = 4 well below prompt-based
     fine-tuning and closer to chance than to it; at k = 16 and 64,
-    at the lazy learning rates, no better than the linear probe on average; the wide
-    search takes it only a few points beyond the probe (k = 16)."""
+    at the lazy learning rates, at most a few points beyond the linear probe on
+    average, and so with the wide search (k = 16)."""
     bow = {k: _acc(runs, "bag of words", "LR", k).mean() for k in runs.shots}
     claim(
         f"the few-shot bag of words stays near 50% (mean within {NEAR_CHANCE:g} "
@@ -82,10 +82,10 @@ def accuracy_checks(runs) -> None:
     }
     wide = runs.points(("standard", WIDE), ("standard", "LP"), 16)
     claim(
-        "at the lazy learning rates standard fine-tuning is no better than the linear "
-        f"probe on average (less than {NEAR:g} points above it; $k$ = 16 and 64), and "
-        f"the wide search takes it less than {FEW:g} points beyond it ($k=16$)",
-        all(d < NEAR for d in lazy.values()) and bool(wide.mean() < FEW),
+        "at the lazy learning rates standard fine-tuning gets at most a few points "
+        f"beyond the linear probe on average (less than {FEW:g} points; $k$ = 16 and "
+        f"64), and so does the wide search (less than {FEW:g} points, $k=16$)",
+        all(d < FEW for d in lazy.values()) and bool(wide.mean() < FEW),
         "standard SGD-FT − LP, lazy scales: "
         + ", ".join(f"{d:+.1f} at k = {k}" for k, d in lazy.items())
         + f"; wide search: {wide.mean():+.1f} at k = 16 (points, means over runs)",
@@ -97,9 +97,9 @@ def analog_checks(runs, k: int = 16) -> None:
     runs at c = 1 scatter far more widely around their step-matched eNTK than the
     prompt-based runs (at least twice the standard deviation), some beyond ±3, and
     end well below the prompt-based runs at that scale; the eNTK at the
-    ridge 1/T scatters more widely around its run than the step-matched analog and
-    lands below it in most runs; rank-8 LoRA lands near full fine-tuning at every k it
-    is run."""
+    ridge 1/T scatters more widely around its run than the step-matched analog (on
+    which side it lands is printed, not read: it depends on the pretraining); rank-8
+    LoRA lands near full fine-tuning at every k it is run."""
     fixed = "SGD-FT, fixed c"
     prompt = runs.points(("prompt", "K-SGD, same steps"), ("prompt", fixed), k)
     std = runs.points(("standard", "K-SGD, same steps"), ("standard", fixed), k)
@@ -123,8 +123,8 @@ def analog_checks(runs, k: int = 16) -> None:
     below = int((ridge < 0).sum())
     claim(
         "the eNTK at the ridge $1/T$ scatters more widely around its run than the "
-        "step-matched eNTK and lands below it in most runs",
-        bool(ridge.std(ddof=1) > prompt.std(ddof=1)) and below > len(ridge) / 2,
+        "step-matched eNTK",
+        bool(ridge.std(ddof=1) > prompt.std(ddof=1)),
         f"sd of analog − run: ridge {ridge.std(ddof=1):.2f}, same steps "
         f"{prompt.std(ddof=1):.2f} points; below the run in {below} of {len(ridge)}",
     )
@@ -146,8 +146,8 @@ def analog_checks(runs, k: int = 16) -> None:
 def probe_checks(runs, contrast: np.ndarray, k: int = 16) -> None:
     """The reading of the table of the two gaps at ``k`` (``contrast``: the contrast
     per run): its mean is far below the paper's 17 points and single runs go either
-    way; standard fine-tuning with the wide search ends less than a few points beyond
-    the linear probe, and its eNTK near the probe."""
+    way; standard fine-tuning with the wide search, and its eNTK, each end at most a
+    few points beyond the linear probe."""
     contrast = np.asarray(contrast, dtype=float)
     claim(
         "the contrast's mean is far below the paper's gap of 17-19 points (less than "
@@ -159,10 +159,10 @@ def probe_checks(runs, contrast: np.ndarray, k: int = 16) -> None:
     wide = runs.points(("standard", WIDE), ("standard", "LP"), k)
     entk = runs.points(("standard", "K-SGD"), ("standard", "LP"), k)
     claim(
-        f"from a fresh head, standard fine-tuning with the wide search ends less than "
-        f"{FEW:g} points beyond the linear probe and its eNTK near the probe (within "
-        f"{NEAR:g} points), on average at $k={k}$",
-        bool(wide.mean() < FEW and abs(entk.mean()) < NEAR),
+        "from a fresh head, standard fine-tuning with the wide search and its eNTK "
+        f"each end at most a few points beyond the linear probe (less than {FEW:g} "
+        f"points), on average at $k={k}$",
+        bool(wide.mean() < FEW and entk.mean() < FEW),
         f"standard FT − LP {wide.mean():+.1f}, standard eNTK − LP {entk.mean():+.1f} "
         "points (means over runs)",
     )
