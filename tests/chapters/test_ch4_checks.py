@@ -140,13 +140,20 @@ def test_the_probe_and_laziness_readings_fail_on_their_numbers():
     with pytest.raises(ClaimFailed, match="largest scale"):
         ch4c.laziness_checks(runs)
     runs = _runs()
-    runs._matched["lin_error"] = [-0.5, 0.1, 0.2]  # the prompt strays further
-    with pytest.raises(ClaimFailed, match="linearization"):
+    runs._val = [0.5, 0.4, 0.1]  # the standard kernel moves more in every run
+    with pytest.raises(ClaimFailed, match="in every run"):
         ch4c.laziness_checks(runs)
+
+
+def test_the_laziness_reading_reads_no_direction_at_the_same_scale():
+    """The comparisons at c = 1 and the threshold of 2 are findings of the page: the
+    text's check holds whichever way they go (offset 904: the prompt's validated runs
+    changed their kernels by 1.74 on average, the standard kernel moved less)."""
     runs = _runs()
-    runs.dynamics[("prompt", "SGD, wide grid", 16)]["kernel_change"] += 0.2  # mean 1.1
-    with pytest.raises(ClaimFailed, match="threshold of 2"):
-        ch4c.laziness_checks(runs)
+    runs._matched["lin_error"] = [-0.5, 0.1, 0.2]  # the prompt strays further
+    runs.dynamics[("prompt", "SGD, wide grid", 16)]["kernel_change"] += 0.8  # 1.7
+    runs._val = [-0.5, 0.4, -0.1]  # less on average at the validated scales
+    ch4c.laziness_checks(runs)
 
 
 def _pre(seed, contrast, zero_shot, std_ft, std_entk, ft_minus_lp, kc):

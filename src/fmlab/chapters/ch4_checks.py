@@ -169,31 +169,19 @@ def probe_checks(runs, contrast: np.ndarray, k: int = 16) -> None:
 
 
 def laziness_checks(runs, k: int = 16) -> None:
-    """The reading of the laziness table at ``k``: the validated prompt-based runs
-    change their eNTK by less than half the paper's threshold of 2 on average; at the
-    same scale c = 1 the fresh head strays further from its linearization on average;
-    at the scales validation picks the standard kernel moves more on average, not in
-    every run; over the runs, the prompt-based kernel moves more at the largest scale
-    than at the smallest on average."""
-    kc = np.asarray(runs.dynamics[("prompt", "SGD, wide grid", k)]["kernel_change"])
-    lin = SeedEffect.of(runs.matched_log_ratio("lin_error", k, 1.0))
-    claim(
-        "validated over the wide search, prompt-based fine-tuning changes its eNTK by "
-        "well under the paper's threshold of 2 on average (less than half of it); at "
-        "the same scale $c=1$ the fresh head strays further from its linearization on "
-        "average",
-        bool(kc.mean() < 1 and lin.mean > 0),
-        f"mean relative kernel change {kc.mean():.2f} (largest run {kc.max():.2f}); "
-        "mean log ratio of linearization errors, standard over prompt: "
-        f"{lin.mean:+.2f}",
-    )
+    """The reading of the laziness table at ``k``: at the scales validation picks, the
+    standard kernel does not move more than the prompt's in every run; over the runs,
+    the prompt-based kernel moves more at the largest scale than at the smallest on
+    average. (The comparisons at the same scale c = 1, and the validated prompt-based
+    runs against the threshold of 2, are the page's findings, with their own verdicts;
+    the text prints their numbers and reads no direction into them.)"""
     val = runs.log_ratio("kernel_change", k)
     grow = runs.kernel_change_growth()
     claim(
-        "at the scales validation picks the standard kernel moves more than the "
-        "prompt's on average, not in every run; the prompt-based kernel moves more at "
-        "the largest scale $c$ than at the smallest, on average over runs",
-        bool(val.mean() > 0 and (val <= 0).any() and grow.mean() > 0),
+        "at the scales validation picks, the standard kernel does not move more than "
+        "the prompt's in every run; the prompt-based kernel moves more at the largest "
+        "scale $c$ than at the smallest, on average over runs",
+        bool((val <= 0).any() and grow.mean() > 0),
         f"log ratio, validated runs: mean {val.mean():+.2f}, at or below 0 in "
         f"{int((val <= 0).sum())} of {len(val)}; log(largest c / smallest c): mean "
         f"{grow.mean():+.2f}, {grow.min():+.2f} to {grow.max():+.2f} over {len(grow)} "
