@@ -7,11 +7,16 @@ computing them.
 
     python scripts/ch4_fewshot.py                          # the stored runs, one core
     python scripts/ch4_fewshot.py --seeds 2 --out /tmp/f.json   # a quick try
+    python scripts/ch4_fewshot.py --restamp  # after a change that cannot move it
 
 About four minutes of one core. The page reads the runs only when its configs are
 exactly the stored ones (so a try with ``--seeds`` is never read by the page). The file
 also keeps a slice (``fmlab.chapters.ch4_stored.FEWSHOT_SLICE``), which the tests rerun
 under another rounding path.
+
+``--restamp``: when the code behind the file has changed, rerun draws 0 and 1 of the
+stored run (its pretraining afresh) with today's code and, only if they reproduce their
+record, record today's fingerprint on the file (``fmlab.stored.restamp_checked``).
 """
 
 from __future__ import annotations
@@ -31,7 +36,15 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=0, help="fewer draws (a try)")
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument(
+        "--restamp",
+        action="store_true",
+        help="rerun draws 0 and 1 of --out and, if they reproduce their record, record "
+        "the fingerprint of today's code on the file (for changes that cannot move it)",
+    )
     a = ap.parse_args(argv)
+    if a.restamp and a.seeds:
+        ap.error("--restamp reruns part of the stored run: give no --seeds")
     if a.seeds and a.out == OUT:
         ap.error("--seeds makes a try, not the book's run: give --out elsewhere")
     os.environ["OMP_NUM_THREADS"] = "1"
@@ -43,6 +56,7 @@ def main(argv=None) -> int:
         FEWSHOT_EXPERIMENT,
         FEWSHOT_PRETRAIN,
         FEWSHOT_SCRIPT,
+        fewshot_job_check,
         fewshot_run,
         fewshot_slice,
         fewshot_slice_config,
@@ -51,6 +65,13 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(1)
     sources = stored.fingerprint(fewshot_sources())  # the code as it starts
+    if a.restamp:
+        return stored.restamp_checked(
+            a.out,
+            sources=sources,
+            check=fewshot_job_check,
+            job="draws 0 and 1 (the pretraining afresh, every method)",
+        )
     pretrain, experiment = FEWSHOT_PRETRAIN, FEWSHOT_EXPERIMENT
     if a.seeds:
         experiment = replace(experiment, seeds=tuple(range(a.seeds)))

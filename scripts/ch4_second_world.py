@@ -6,7 +6,9 @@ few-shot runs at k = 64; writes ``src/fmlab/chapters/results/ch4_second_world.js
     python scripts/ch4_second_world.py                    # screen, then the main set
     python scripts/ch4_second_world.py --parts main       # the registered set only
     python scripts/ch4_second_world.py --parts screen main book offset
+    python scripts/ch4_second_world.py --parts cv         # the paper's probe head
     python scripts/ch4_second_world.py --device cuda  # recorded; the runs use the CPU
+    python scripts/ch4_second_world.py --restamp  # after a change that cannot move it
 
 Parts, in the order given (the file is rewritten after each pretraining, so a stopped
 run keeps what it finished; a part already in the file is skipped unless --redo). A
@@ -24,7 +26,20 @@ kept too, and the new record's note says which pretrainings were added when:
 * ``book``: the chapter's own world (no job for ``[CLS]``) on the same seeds, for the
   figure of both worlds;
 * ``offset``: the main world's seeds 100-105 at seed offset 903 (never used in
-  design).
+  design);
+* ``cv``: the main part's pretrainings and runs with standard fine-tuning started
+  from the paper's cross-validated probe (its footnote 2) instead of a fresh head,
+  reported beside the key, not claimed; its prompt side is the main part's, computed
+  again (the kernel change of the prompt runs, which the KC ratio divides by, is not
+  stored), and each pretraining records whether it came out as the main part's bit
+  for bit (``prompt_as_main``).
+
+``--restamp``: when the code behind the file has changed, rerun one pretraining of the
+main part (105, stored by today's few-shot code) with today's code and, only if it
+reproduces its record, record today's fingerprint on the file
+(``fmlab.stored.restamp_checked``); then
+``scripts/reslice.py ch4_second_world`` records the slice on the portable path if its
+settings changed.
 
 One pretraining after another in this process, on one core. The file also keeps a
 slice (``fmlab.chapters.ch4_second_world.SECOND_WORLD_SLICE``), which the tests rerun
@@ -43,7 +58,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "src" / "fmlab" / "chapters" / "results" / "ch4_second_world.json"
-PARTS = ("screen", "main", "book", "offset")
+PARTS = ("screen", "main", "book", "offset", "cv")
 
 
 def part_config(name: str):
@@ -65,6 +80,7 @@ def part_config(name: str):
             main, cls_task="none", cls_weight=0.0, pretrain_seeds=(100, 101, 102)
         ),
         "offset": replace(main, seed_offset=903),
+        "cv": replace(main, standard_head="cv_probe"),
     }[name]
 
 
@@ -73,6 +89,13 @@ def main(argv=None) -> int:
     ap.add_argument("--parts", nargs="+", choices=PARTS, default=["screen", "main"])
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--redo", action="store_true", help="rerun parts already stored")
+    ap.add_argument(
+        "--restamp",
+        action="store_true",
+        help="rerun one pretraining of the main part and, if it reproduces its record, "
+        "record the fingerprint of today's code on the file (for changes that cannot "
+        "move it)",
+    )
     ap.add_argument(
         "--device",
         default="cpu",
@@ -84,6 +107,7 @@ def main(argv=None) -> int:
 
     from fmlab import stored
     from fmlab.chapters.ch4_second_world import (
+        second_world_job_check,
         second_world_pretraining,
         second_world_slice,
         second_world_sources,
@@ -92,6 +116,13 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(1)
     sources = stored.fingerprint(second_world_sources())  # the code as it starts
+    if a.restamp:
+        return stored.restamp_checked(
+            a.out,
+            sources=sources,
+            check=second_world_job_check,
+            job="pretraining 105 of the main part (its five k = 64 runs)",
+        )
     parts, before, walls = {}, None, []
     if a.out.exists() and not a.redo:
         old = stored.read(a.out)
@@ -121,13 +152,18 @@ def main(argv=None) -> int:
         for seed in todo:
             if seed is not None:
                 r = second_world_pretraining(config, seed)
+                if name == "cv":
+                    r["prompt_as_main"] = _prompt_as_main(r, parts.get("main"))
                 done.append(r)
                 done.sort(key=lambda p: seeds.index(p["seed"]))
                 added.setdefault(name, []).append(seed)
                 c = [round(v, 1) for v in r["contrast"]]
                 print(
                     f"{name}, pretraining {seed}: contrast {c}, zero-shot "
-                    f"{r['zero_shot'][0]:.1f}%, {r['seconds']:.0f} s",
+                    f"{r['zero_shot'][0]:.1f}%, {r['seconds']:.0f} s"
+                    + (
+                        f", prompt side as main: {r['prompt_as_main']}" * (name == "cv")
+                    ),
                     flush=True,
                 )
             parts[name] = {"config": asdict(config), "pretrainings": done}
@@ -137,6 +173,18 @@ def main(argv=None) -> int:
             _write(a, parts, before, added, sliced, sources, seconds)
     print(f"wrote {a.out} ({time.time() - t0:.0f} s)")
     return 0
+
+
+def _prompt_as_main(r: dict, main: dict | None) -> bool | None:
+    """Whether the prompt side of a pretraining ``r`` of the ``cv`` part (its
+    zero-shot, validated FT and eNTK, per run) is the main part's of the same seed bit
+    for bit (None when the main part does not hold it): the same pretraining, data and
+    prompt runs, only the standard head differs."""
+    found = [p for p in (main or {}).get("pretrainings", []) if p["seed"] == r["seed"]]
+    if not found:
+        return None
+    names = ("zero_shot", "prompt_ft", "prompt_entk", "prompt_abs_ft_minus_entk")
+    return all(found[0][n] == r[n] for n in names)
 
 
 def _write(a, parts, before, added, sliced, sources, seconds) -> None:

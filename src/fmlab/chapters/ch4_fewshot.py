@@ -40,6 +40,7 @@ from .ch4_world import (
     MLMPretrainConfig,
     _scored,
     _select,
+    cross_validated_probe_head,
     few_shot_task,
     fine_tune_logistic,
     logistic_probe_head,
@@ -96,8 +97,12 @@ class KernelExperimentConfig:
     ``standard_head`` is where the standard setting's head starts: ``"random"``,
     :math:`\\Gamma \\sim \\mathcal N(0, I/d)` drawn from the run's seed and
     :math:`c = 0` (a fresh head, whose output derivative does not vanish: Remark 5.4
-    of the paper), or ``"probe"``, the linear-probing solution on the run's training
-    set. The probe is fitted and scored (``"LP"``) either way.
+    of the paper), ``"probe"``, the linear-probing solution on the run's training
+    set (its ridge chosen on the validation set), or ``"cv_probe"``, the paper's own
+    start (its footnote 2): the probe cross-validated on the training examples only,
+    scaled as the authors' code scales it
+    (:func:`~.ch4_world.cross_validated_probe_head`; its test accuracy and :math:`C`
+    recorded as ``"CV probe"``). The probe is fitted and scored (``"LP"``) either way.
 
     ``signgd_batch1_scale`` :math:`c`, when set (with ``methods="all"``), also records
     a prompt-based SignGD run on one example per step, ``signgd_batch1_passes`` passes
@@ -148,7 +153,9 @@ class KernelExperimentConfig:
                 check_float(name, v, minimum=0.0, strict_min=True)
         check_int("lora_rank", self.lora_rank, minimum=1)
         check_choice("methods", self.methods, ("all", "sgd"))
-        check_choice("standard_head", self.standard_head, ("random", "probe"))
+        check_choice(
+            "standard_head", self.standard_head, ("random", "probe", "cv_probe")
+        )
         if self.signgd_batch1_scale is not None:
             check_float("signgd_batch1_scale", self.signgd_batch1_scale, minimum=0.0)
         check_int("signgd_batch1_passes", self.signgd_batch1_passes, minimum=1)
@@ -633,8 +640,15 @@ def _one_run(mlm, lang, k, seed, config, test, prompt_test, z_test, bow_test):
     chosen[("standard", "LP")] = probe["reg"]
     if config.standard_head == "random":
         std0 = CLSClassifier(mlm, seed=seed)
-    else:
+    elif config.standard_head == "probe":
         std0 = CLSClassifier(mlm, head=(probe["w"], probe["b"]))
+    else:  # the paper's head: cross-validated on the training examples only
+        cv = cross_validated_probe_head(z["train"], y["train"])
+        std0 = CLSClassifier(mlm, head=(cv["w"], cv["b"]))
+        acc[("standard", "CV probe")] = sign_accuracy(
+            (z_test.double() @ cv["w"] + cv["b"]).float(), test.y
+        )
+        chosen[("standard", "CV probe")] = cv["C"]
     j, f0 = {}, {}
     for split in ("train", "val", "test"):
         j[split] = jacobian(std0, data[split].x_plain)

@@ -44,6 +44,7 @@ __all__ = [
     "second_world_sources",
     "second_world_results",
     "second_world_slice",
+    "second_world_job_check",
     "per_pretraining",
     "SECOND_WORLD_RESULTS",
     "SECOND_WORLD_SCRIPT",
@@ -63,7 +64,10 @@ class SecondWorldConfig:
     each, drawn at seed offset ``seed_offset``. Per pretraining, ``runs`` draws of
     ``shots`` examples per class; SGD-FT over the lazy grid of ``steps`` steps and the
     wide search at ``scales``, read at ``checkpoints`` steps; the eNTK over the matching
-    ridges :math:`1/(ct)` (:func:`~.ch4_fewshot.wide_grid`).
+    ridges :math:`1/(ct)` (:func:`~.ch4_fewshot.wide_grid`). ``standard_head``: where
+    standard fine-tuning starts (``KernelExperimentConfig.standard_head``): a fresh
+    head (``"random"``, the registered world) or the paper's cross-validated probe
+    (``"cv_probe"``, its footnote 2).
     """
 
     cls_task: str = "length"
@@ -80,9 +84,11 @@ class SecondWorldConfig:
     d_model: int = 32
     pretrain_steps: int = 2000
     n_test: int = 1000
+    standard_head: str = "random"
 
     def __post_init__(self):
         check_choice("cls_task", self.cls_task, ("none", "length", "topic"))
+        check_choice("standard_head", self.standard_head, ("random", "cv_probe"))
         check_float("cls_weight", self.cls_weight, minimum=0.0)
         check_float("topic_tilt", self.topic_tilt, minimum=0.0, maximum=1.0)
         if not isinstance(self.pretrain_seeds, tuple) or not self.pretrain_seeds:
@@ -110,6 +116,7 @@ class SecondWorldConfig:
             seeds=tuple(range(self.runs)),
             n_test=self.n_test,
             methods="sgd",
+            standard_head=self.standard_head,
             **wide_grid(self.steps, self.scales, self.checkpoints),
         )
 
@@ -133,7 +140,9 @@ def second_world_pretraining(config: SecondWorldConfig, seed: int) -> dict:
     (lists, points unless said): ``contrast`` = (FT − eNTK) standard − (FT − eNTK)
     prompt, ``zero_shot`` (%), ``std_ft_minus_lp``, ``prompt_abs_ft_minus_entk``,
     ``kc_ratio`` (kernel change of the validated standard run over the validated
-    prompt run), and the accuracies (%) of both settings' validated FT and eNTK."""
+    prompt run), and the accuracies (%) of both settings' validated FT and eNTK; from
+    the cross-validated probe head (``config.standard_head``), also ``cv_probe``, its
+    test accuracy (%), and ``cv_c``, the :math:`C` its cross validation chose."""
     if not isinstance(config, SecondWorldConfig):
         raise TypeError(f"config must be a SecondWorldConfig, got {type(config)}")
     t0 = time.time()
@@ -161,6 +170,9 @@ def second_world_pretraining(config: SecondWorldConfig, seed: int) -> dict:
         "prompt_ft": acc("prompt", wide),
         "prompt_entk": acc("prompt", "K-SGD"),
     }
+    if config.standard_head == "cv_probe":
+        out["cv_probe"] = acc("standard", "CV probe")
+        out["cv_c"] = list(r.chosen[("standard", "CV probe", k)])
     out = {n: v.tolist() if isinstance(v, np.ndarray) else v for n, v in out.items()}
     out["seconds"] = time.time() - t0
     return out
@@ -253,6 +265,57 @@ def second_world_slice(record: dict | None = None) -> dict:
     # so a rerun on another rounding path shows in its last digits
     names = ("std_ft", "std_entk", "prompt_ft", "prompt_entk", "kc_ratio")
     return {n: out[n] for n in names}
+
+
+#: The per-run quantities of a stored pretraining that a rerun must reproduce.
+_JOB_FIELDS = (
+    "contrast",
+    "zero_shot",
+    "std_ft_minus_lp",
+    "prompt_abs_ft_minus_entk",
+    "kc_ratio",
+    "std_ft",
+    "std_entk",
+    "prompt_ft",
+    "prompt_entk",
+)
+
+
+def second_world_job_check(
+    path: Path | str | None = None, part: str = "main", seed: int = 105
+) -> dict:
+    """A script's ``--restamp`` check: rerun one pretraining of the stored run at
+    ``path`` (by default pretraining 105 of the main part: its pretraining and five
+    k = 64 runs, about five minutes on one core) with today's code, afresh (never
+    from the model cache), and compare its per-run numbers with the record
+    (:func:`fmlab.stored.compare_runs`). Reads the file without checking its
+    fingerprint. Pretrainings 103-105 were stored by the few-shot code of today, so a
+    change that moves nothing reproduces them bit for bit; 100-102 were stored before
+    its candidates trained as one stack (ffa70fc), and today's code moves a few of
+    their runs by tenths of a point (up to 1.3 on the prompt side of 101)."""
+    data = stored.read(SECOND_WORLD_RESULTS if path is None else path)
+    if part not in data["parts"]:
+        raise ValueError(f"part must be one of {sorted(data['parts'])}, got {part!r}")
+    record = data["parts"][part]
+    found = [p for p in record["pretrainings"] if p["seed"] == seed]
+    if not found:
+        seeds = [p["seed"] for p in record["pretrainings"]]
+        raise ValueError(f"seed must be one of the part's {seeds}, got {seed!r}")
+    config = _config(record["config"])
+    before = os.environ.get("FMLAB_CACHE_DIR")
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["FMLAB_CACHE_DIR"] = tmp
+        try:
+            out = second_world_pretraining(config, seed)
+        finally:
+            if before is None:
+                del os.environ["FMLAB_CACHE_DIR"]
+            else:
+                os.environ["FMLAB_CACHE_DIR"] = before
+    names = [n for n in _JOB_FIELDS if n in found[0]]
+    return stored.compare_runs(
+        {n: found[0][n] for n in names}, {n: out[n] for n in names}
+    )
 
 
 def slice_config() -> dict:

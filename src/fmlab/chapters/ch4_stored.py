@@ -31,6 +31,8 @@ import os
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
 from .. import stored
 from ..data.sentiment_language import SentimentLanguageConfig
 from ..repro import seed_offset
@@ -44,6 +46,7 @@ __all__ = [
     "FEWSHOT_SCRIPT",
     "FEWSHOT_SLICE",
     "fewshot_results",
+    "fewshot_job_check",
     "fewshot_run",
     "fewshot_slice",
     "fewshot_sources",
@@ -127,6 +130,66 @@ def fewshot_run(
 
     with _fresh_offset_zero():
         return _jsonable(_experiment_entry(pretrain, config))
+
+
+def fewshot_job_check(path: Path | str | None = None, seeds=(0, 1)) -> dict:
+    """A script's ``--restamp`` check: rerun draws ``seeds`` of the stored run at
+    ``path`` (its pretraining afresh, then those draws through every method: for the
+    page's run about two minutes on one core) with today's code, and compare every
+    per-draw number of the entry (accuracies, chosen hyperparameters, kernel
+    behaviour, by learning rate) with the record (:func:`fmlab.stored.compare_runs`);
+    the example outputs of the first draw, and any measure undefined (nan) in a
+    draw, must be the same bit for bit. Reads the file without checking its
+    fingerprint."""
+    data = stored.read(FEWSHOT_RESULTS if path is None else path)
+    (run,) = data["runs"]
+    stored_seeds = run["experiment"]["seeds"]
+    if len(seeds) < 2 or any(s not in stored_seeds for s in seeds):
+        raise ValueError(f"seeds must be two or more of {stored_seeds}, got {seeds}")
+    pretrain = MLMPretrainConfig(
+        **{
+            **run["pretrain"],
+            "language": SentimentLanguageConfig(**run["pretrain"]["language"]),
+        }
+    )
+    values = {
+        k: tuple(v) if isinstance(v, list) else v for k, v in run["experiment"].items()
+    }
+    experiment = KernelExperimentConfig(**{**values, "seeds": tuple(seeds)})
+    again = {**_as_data(experiment), "seeds": stored_seeds}
+    if _as_data(pretrain) != run["pretrain"] or again != run["experiment"]:
+        raise ValueError("the stored configs do not read back as they were written")
+    now = fewshot_run(pretrain, experiment)
+    rows = [stored_seeds.index(s) for s in seeds]
+
+    def flat(entry, pick):
+        out = {}
+        for part in ("accuracy", "chosen"):
+            out |= {f"{part}|{k}": pick(v) for k, v in entry[part].items()}
+        for part in ("dynamics", "by_lr"):
+            for key, d in entry[part].items():
+                out |= {f"{part}|{key}|{m}": pick(v) for m, v in d.items()}
+        return out
+
+    old = flat(run["entry"], lambda v: [v[i] for i in rows])
+    new = flat(now, list)
+    # a measure undefined in a run (e.g. the gain recovered of a run that gained
+    # nothing: nan) must come out the same, nan where nan; the rest by the rule
+    undefined = [
+        k for k in old if not (np.isfinite(old[k]).all() and np.isfinite(new[k]).all())
+    ]
+    same = set(old) == set(new) and all(
+        np.array_equal(old[k], new[k], equal_nan=True) for k in undefined
+    )
+    res = stored.compare_runs(
+        {k: v for k, v in old.items() if k not in undefined},
+        {k: v for k, v in new.items() if k not in undefined},
+    )
+    first = seeds[0] == stored_seeds[0]  # the example is the first draw's
+    same = same and (not first or now["example"] == run["entry"]["example"])
+    res["ok"] = bool(res["ok"] and same)
+    res["bitwise"] = bool(res["bitwise"] and same)
+    return res
 
 
 def _slice_configs(record: dict | None):

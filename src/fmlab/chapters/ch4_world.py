@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 import torch
 from torch import nn
@@ -46,6 +47,9 @@ __all__ = [
     "output_derivative",
     "fit_logistic_regression",
     "logistic_probe_head",
+    "CV_PROBE_CS",
+    "stratified_folds",
+    "cross_validated_probe_head",
 ]
 
 
@@ -620,3 +624,105 @@ def logistic_probe_head(
         w, b = fit_logistic_regression(z_train, y_train, reg=reg)
         out.append(_scored(z_val.double() @ w + b, y_val, w=w, b=b, reg=reg))
     return _select(out)
+
+
+#: The inverse penalties :math:`C` that the paper's probe searches: scikit-learn's
+#: ``LogisticRegressionCV`` default ``Cs=10``, ten values evenly spaced in log scale
+#: from :math:`10^{-4}` to :math:`10^{4}`, weakest penalty last.
+CV_PROBE_CS = tuple(10.0 ** (-4.0 + 8.0 * i / 9) for i in range(10))
+
+
+def stratified_folds(y: torch.Tensor, folds: int = 5) -> torch.Tensor:
+    """The fold (``0 .. folds-1``) of each example in stratified ``folds``-fold cross
+    validation without shuffling, as scikit-learn's ``StratifiedKFold`` assigns them:
+    fold ``f`` holds, of each class, as many examples as the ``f``-th of every
+    ``folds`` entries of the labels sorted by class; each class fills the folds in
+    order, in blocks, in the order its examples come."""
+    y = check_tensor("y", y, ndim=1)
+    folds = check_int("folds", folds, minimum=2)
+    classes, code = torch.unique(y, return_inverse=True)  # sorted classes
+    counts = torch.bincount(code, minlength=len(classes))
+    if len(classes) < 2:
+        raise ValueError(f"y must hold at least two classes, got {classes.tolist()}")
+    if int(counts.min()) < folds:
+        raise ValueError(
+            f"y: every class needs at least folds = {folds} examples, got "
+            f"{dict(zip(classes.tolist(), counts.tolist()))}"
+        )
+    ordered = torch.sort(code).values
+    out = torch.empty(len(y), dtype=torch.long)
+    for c in range(len(classes)):
+        sizes = [int((ordered[f::folds] == c).sum()) for f in range(folds)]
+        out[code == c] = torch.arange(folds).repeat_interleave(torch.tensor(sizes))
+    return out
+
+
+def cross_validated_probe_head(
+    z: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    cs: tuple[float, ...] = CV_PROBE_CS,
+    folds: int = 5,
+    head_scale: float = 0.5,
+) -> dict:
+    """The head that the paper's standard fine-tuning starts from (Malladi et al.,
+    2023, footnote 2): a logistic regression on the features ``z`` of the training
+    examples, its penalty chosen by cross validation on those examples only.
+
+    As scikit-learn's ``LogisticRegressionCV`` with the settings of the authors' code
+    (multinomial, every other argument at its default): for each :math:`C` in ``cs``,
+    fit on all folds but one of :func:`stratified_folds` and score the accuracy on the
+    one left out; take the :math:`C` with the largest sum of the folds' accuracies,
+    ties to the first in ``cs`` (increasing: the strongest penalty; the sums are
+    exact fractions); refit on all the examples at that :math:`C`. A two-class
+    multinomial fit with penalty :math:`\\frac12\\lVert W\\rVert^2` and weight
+    :math:`C` on the summed loss is the binary logistic regression of
+    :func:`fit_logistic_regression` with ridge :math:`\\lambda = 1/(2Cn)` on the mean
+    loss over its :math:`n` examples (the intercept unpenalised in both). The head
+    is ``head_scale`` times that regression's logit: the authors' code writes
+    ``coef_`` into the two rows of the classifier as :math:`\\mp` ``coef_ / 2``, whose
+    logit difference is half the fitted one (``head_scale=0.5``; ``1.0`` keeps the
+    fit unscaled).
+
+    Returns ``{"w", "b"}`` (the head), ``"C"`` (the chosen value), ``"reg"`` (its
+    :math:`\\lambda` in the refit) and ``"cv_accuracy"`` (the mean held-out accuracy
+    of each :math:`C`, a float64 tensor over ``cs``).
+    """
+    z = check_tensor("z", z, ndim=2, floating=True)
+    n = z.shape[0]
+    y = check_tensor("y", y, shape=(n,))
+    if not bool(((y == 1) | (y == -1)).all()):
+        raise ValueError("y must hold labels in {-1, +1}")
+    if not isinstance(cs, tuple) or not cs:
+        raise ValueError(f"cs must be a non-empty tuple, got {cs!r}")
+    for c in cs:
+        check_float("cs", c, minimum=0.0, strict_min=True)
+    if any(a >= b for a, b in zip(cs, cs[1:])):  # the first is the strongest penalty
+        raise ValueError(f"cs must be increasing, got {cs}")
+    head_scale = check_float("head_scale", head_scale, minimum=0.0, strict_min=True)
+    fold = stratified_folds(y, folds)
+    scores = []  # the sum over folds of each C's held-out accuracy, exactly
+    for c in cs:
+        total = Fraction(0)
+        for f in range(folds):
+            train, held = fold != f, fold == f
+            w, b = fit_logistic_regression(
+                z[train], y[train], reg=1.0 / (2.0 * c * int(train.sum()))
+            )
+            right = int(
+                ((z[held].double() @ w + b > 0).double() * 2 - 1 == y[held]).sum()
+            )
+            total += Fraction(right, int(held.sum()))
+        scores.append(total)
+    best = max(range(len(cs)), key=lambda i: (scores[i], -i))  # ties: the first
+    reg = 1.0 / (2.0 * cs[best] * n)
+    w, b = fit_logistic_regression(z, y, reg=reg)
+    return {
+        "w": head_scale * w,
+        "b": head_scale * b,
+        "C": float(cs[best]),
+        "reg": reg,
+        "cv_accuracy": torch.tensor(
+            [float(s / folds) for s in scores], dtype=torch.float64
+        ),
+    }

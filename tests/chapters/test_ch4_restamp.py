@@ -1,0 +1,112 @@
+"""The ``--restamp`` of Chapter 4's stored-run scripts (scripts/ch4_second_world.py,
+scripts/ch4_fewshot.py): after a change to the code behind a results file, the script
+reruns one job of the file with today's code and records today's fingerprint only if
+the job reproduces its record; a record the job does not reproduce leaves the file
+stale. Each is tried on a tiny results file written here, under a fingerprint of other
+code (so that its code has "changed").
+
+Oracle: the record written by the same code in this test (a rerun of it must come out
+bit for bit), and a record moved by hand (which the job must not reproduce).
+"""
+
+import dataclasses
+import importlib.util
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from fmlab import stored
+from fmlab.chapters import ch4_second_world as w2
+from fmlab.chapters import ch4_stored as ch4s
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("FMLAB_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("FMLAB_SEED_OFFSET", raising=False)
+
+
+def _other_code():  # the fingerprint of a file whose code has changed since
+    return [stored.read]
+
+
+def test_the_second_worlds_restamp_needs_its_pretraining_to_reproduce(tmp_path, capsys):
+    # the slice's tiny world, at the pretraining the script's job reruns (105)
+    config = w2.SecondWorldConfig(**{**w2.SECOND_WORLD_SLICE, "pretrain_seeds": (105,)})
+    record = w2.second_world_pretraining(config, 105)
+    out = tmp_path / "second_world.json"
+
+    def write(pretraining):
+        part = {"config": asdict(config), "pretrainings": [pretraining]}
+        stored.write(
+            out,
+            {"parts": {"main": part}, "meta": {}},
+            script=w2.SECOND_WORLD_SCRIPT,
+            sources=_other_code(),
+            config={"main": asdict(config)},
+        )
+
+    script = _script("ch4_second_world")
+    # the zero-shot accuracy is the same in every run, so it must come out exactly
+    moved = {**record, "zero_shot": [v + 0.1 for v in record["zero_shot"]]}
+    write(moved)
+    before = out.read_text()
+    assert script.main(["--restamp", "--out", str(out)]) == 1
+    assert out.read_text() == before  # not reproduced: the file stays stale
+    assert "rerun the whole run" in capsys.readouterr().out
+    write(record)
+    assert script.main(["--restamp", "--out", str(out)]) == 0
+    now = stored.read(out)["stored"]
+    assert stored.changed_sources(out, w2.second_world_sources()) == []
+    assert "bit for bit" in now["note"] and "pretraining 105" in now["note"]
+    assert now["earlier"]["changed_since"]
+    assert script.main(["--restamp", "--out", str(out)]) == 0  # nothing to do now
+    assert "already records today's code" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="seed must be one of the part's"):
+        w2.second_world_job_check(out, seed=7)
+    with pytest.raises(ValueError, match="part must be one of"):
+        w2.second_world_job_check(out, part="cv")
+
+
+def test_the_few_shot_restamp_needs_its_two_draws_to_reproduce(tmp_path, capsys):
+    pretrain, experiment = ch4s._slice_configs(None)
+    experiment = dataclasses.replace(experiment, seeds=(0, 1))
+    entry = ch4s.fewshot_run(pretrain, experiment)
+    out = tmp_path / "fewshot.json"
+
+    def write(entry):
+        config = {"pretrain": asdict(pretrain), "experiment": asdict(experiment)}
+        stored.write(
+            out,
+            {"meta": {}, "runs": [{**config, "entry": entry}]},
+            script=ch4s.FEWSHOT_SCRIPT,
+            sources=_other_code(),
+            config={"runs": [config]},
+        )
+
+    script = _script("ch4_fewshot")
+    key = "prompt|zero-shot|2"  # the same in every draw: it must come out exactly
+    shifted = [v + 0.001 for v in entry["accuracy"][key]]
+    moved = {**entry, "accuracy": {**entry["accuracy"], key: shifted}}
+    write(moved)
+    before = out.read_text()
+    assert script.main(["--restamp", "--out", str(out)]) == 1
+    assert out.read_text() == before
+    assert "rerun the whole run" in capsys.readouterr().out
+    write(entry)
+    assert script.main(["--restamp", "--out", str(out)]) == 0
+    now = stored.read(out)["stored"]
+    assert stored.changed_sources(out, ch4s.fewshot_sources()) == []
+    assert "bit for bit" in now["note"] and "draws 0 and 1" in now["note"]
+    with pytest.raises(ValueError, match="seeds must be two or more"):
+        ch4s.fewshot_job_check(out, seeds=(0,))
