@@ -9,7 +9,10 @@
   that PyTorch is not installed again), imports from there, carries the claims
   registry and the stored results, and two downloaded chapters run top to bottom in
   that environment, outside the source tree: one that trains its models (02) and one
-  that reads a stored run (05b); every keyed value they compute equals the build's.
+  that reads a stored run (05b); every keyed value they compute equals the build's,
+  and nbval compares every text output with the page, as `make test` does for the
+  other chapters (tests/conftest.py leaves these two to this test: re-executing them
+  there as well would repeat the same comparison from a warm model cache).
 
 Needs a built book (``make book``); without one the tests skip with a loud reason.
 """
@@ -155,6 +158,8 @@ def test_wheel_installs_and_a_downloaded_chapter_runs(tmp_path):
         for r in json.loads((ROOT / "_build" / "claims.json").read_text())
         if r.get("key")
     }
+    sanitize = tmp_path / "nbval_sanitize.cfg"  # what nbval may ignore (make test's)
+    sanitize.write_bytes((ROOT / "nbval_sanitize.cfg").read_bytes())
     runs = {}  # both chapters at once, each in its own kernel on its own core
     for chapter in WHEEL_CHAPTERS:
         notebook = tmp_path / f"{Path(chapter).name}.ipynb"
@@ -173,13 +178,17 @@ def test_wheel_installs_and_a_downloaded_chapter_runs(tmp_path):
         env.pop("PYTHONPATH", None)
         env.pop("FMLAB_CLAIMS_REGISTRY", None)
         proc = subprocess.Popen(
-            [
+            [  # nbval as in make test: re-executed in a kernel of this environment
                 python,
-                "-c",
-                "import sys, nbformat; from nbclient import NotebookClient;"
-                "nb = nbformat.read(sys.argv[1], as_version=4);"
-                "NotebookClient(nb, timeout=600, kernel_name='python3').execute();"
-                "print(sum(bool(c.get('outputs')) for c in nb.cells))",
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "--nbval",
+                "--nbval-current-env",
+                "--nbval-sanitize-with",
+                str(sanitize),
                 str(notebook),
             ],
             stdout=subprocess.PIPE,
@@ -200,9 +209,10 @@ def test_wheel_installs_and_a_downloaded_chapter_runs(tmp_path):
 
 def _check_downloaded_run(chapter, proc, log, build):
     """Wait for one downloaded chapter's run; its keyed values must be the build's."""
-    _, stderr = proc.communicate(timeout=900)
+    stdout, stderr = proc.communicate(timeout=900)
     assert proc.returncode == 0, (
-        f"{chapter} failed in the fresh environment:\n{stderr[-3000:]}"
+        f"{chapter} failed in the fresh environment (nbval):\n{stdout[-4000:]}"
+        f"\n{stderr[-2000:]}"
     )
     keyed = {
         r["key"]: r.get("value")
