@@ -3,6 +3,8 @@
 #   make test   run every test: ruff, fmlab's unit tests, every chapter under nbval (strict:
 #               re-executed and compared with the built pages), the claims index, and the
 #               rendered book in headless Chromium (it builds the book first)
+# (Chapters 02 and 05b run under nbval inside the wheel test, in a fresh environment
+# from the installed wheel; tests/conftest.py leaves them out of the run below.)
 # nbval's re-execution compares text only, never images, so its kernels draw no figure
 # (FMLAB_DRAW=0; fmlab.viz.drawing); the tests under tests/ draw as usual.
 # Both create the virtual environment .venv first when it is missing.
