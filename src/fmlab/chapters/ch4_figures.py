@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from matplotlib.ticker import NullLocator
 
-from ..viz import PALETTE, slider_figure, table
+from ..viz import PALETTE, Tables, slider_figure, table
 
 __all__ = [
     "two_regimes",
@@ -37,6 +37,8 @@ __all__ = [
     "two_worlds",
     "two_worlds_table",
     "two_worlds_text",
+    "cv_head_table",
+    "cv_head_text",
 ]
 
 #: Colours of the methods, the same in every figure of the chapter.
@@ -869,6 +871,107 @@ def two_worlds_text(worlds: dict) -> dict[str, str]:
             f"ch4_w2_{w}_kc": f"{int((kc >= 2).sum())} of {len(kc)}",
             f"ch4_w2_{w}_kc_median": f"{np.median(kc):.2f}",
         }
+    return out
+
+
+def _heads(worlds: dict) -> list[tuple[dict, dict]]:
+    """The pretrainings of the ``cv`` part of the stored run (standard fine-tuning
+    from the paper's cross-validated probe), each beside the main part's of the same
+    seed (from a fresh head)."""
+    main = {p["seed"]: p for p in worlds["main"]["pretrainings"]}
+    return [(main[p["seed"]], p) for p in worlds["cv"]["pretrainings"]]
+
+
+def cv_head_table(worlds: dict):
+    """Per pretraining of the ``cv`` part of the stored run, beside the main part's
+    same pretraining: the contrast, standard FT − LP (means over runs, points) and the
+    kernel-change ratio (median over runs) from a fresh head and from the paper's
+    cross-validated probe, and the probe's own test accuracy and :math:`C` (median
+    over runs); a last row gives the mean ± standard error over pretrainings of the
+    per-pretraining means (of the medians, for the ratio)."""
+    pairs = _heads(worlds)
+    cols = {
+        "contrast": ("contrast", np.mean),
+        "standard FT − LP": ("std_ft_minus_lp", np.mean),
+        "KC ratio": ("kc_ratio", np.median),
+    }
+    rows, per, heads = [], {}, ("fresh head", "CV probe")
+    for fresh, cv in pairs:
+        row = {"pretraining": str(cv["seed"]), "runs": str(len(cv["contrast"]))}
+        for name, (key, stat) in cols.items():
+            for head, p in (("fresh head", fresh), ("CV probe", cv)):
+                v = float(stat(p[key]))
+                per.setdefault((name, head), []).append(v)
+                fmt = "{:.2f}" if key == "kc_ratio" else "{:+.1f}"
+                row[f"{name}, {head}"] = fmt.format(v)
+        row["CV probe (%)"] = f"{np.mean(cv['cv_probe']):.1f}"
+        row["its C"] = f"{np.median(cv['cv_c']):.3g}"
+        rows.append(row)
+    last = {
+        "pretraining": "mean ± s.e.",
+        "runs": str(sum(len(c["contrast"]) for _, c in pairs)),
+    }
+    for (name, head), v in per.items():
+        v = np.asarray(v)
+        se = v.std(ddof=1) / np.sqrt(len(v)) if len(v) > 1 else float("nan")
+        fmt = "{:.2f} ± {:.2f}" if name == "KC ratio" else "{:+.1f} ± {:.1f}"
+        last[f"{name}, {head}"] = fmt.format(v.mean(), se)
+    last["CV probe (%)"] = f"{np.mean([np.mean(c['cv_probe']) for _, c in pairs]):.1f}"
+    last["its C"] = ""
+    rows.append(last)
+    first = ["pretraining", "runs"] + [
+        f"{n}, {h}" for n in ("contrast", "standard FT − LP") for h in heads
+    ]
+    second = ["pretraining"] + [f"KC ratio, {h}" for h in heads]
+    caption = (
+        "The second world from two starts of standard fine-tuning: a fresh head (the "
+        "registered runs) and the paper's cross-validated probe (its footnote 2; "
+        "LogisticRegressionCV's settings, the head scaled as the authors' code scales "
+        "it). The same pretrainings and draws, the prompt-based runs recomputed; means "
+        "over each pretraining's k = 64 runs (points)"
+    )
+    return Tables(
+        table(rows, columns=first, caption=caption),
+        table(
+            rows,
+            columns=second + ["CV probe (%)", "its C"],
+            caption="The same runs: the kernel-change ratio (median over runs), the "
+            "CV probe's own test accuracy (%, mean) and its C (median over runs)",
+        ),
+    )
+
+
+def cv_head_text(worlds: dict) -> dict[str, str]:
+    """The numbers the page's text quotes from the ``cv`` part, as strings named for
+    ``glue``: ``ch4_w2_cv``, the mean ± standard error over pretrainings of each
+    pretraining's mean contrast from the cross-validated probe (points);
+    ``ch4_w2_cv_range``, its lowest to highest pretraining; ``ch4_w2_cv_n``, the
+    pretrainings; ``ch4_w2_cv_fresh``, the same mean ± standard error from a fresh head
+    on the same pretrainings; ``ch4_w2_cv_std_ft_minus_lp``, the lowest to highest
+    pretraining's mean standard FT − LP from the probe; ``ch4_w2_cv_same``, the
+    pretrainings whose prompt-based runs came out as the main part's bit for bit
+    ("a of b", the script's ``prompt_as_main``), and ``ch4_w2_cv_prompt_diff``, the
+    largest difference between the two parts' prompt-side accuracies in any run
+    (zero-shot, validated FT, its eNTK; points)."""
+    pairs = _heads(worlds)
+    out = {}
+    for name, k in (("ch4_w2_cv", 1), ("ch4_w2_cv_fresh", 0)):
+        c = np.array([np.mean(pair[k]["contrast"]) for pair in pairs])
+        se = c.std(ddof=1) / np.sqrt(len(c)) if len(c) > 1 else float("nan")
+        out[name] = f"{c.mean():+.1f} ± {se:.1f}"
+        if k == 1:
+            out["ch4_w2_cv_range"] = f"{c.min():+.1f} to {c.max():+.1f}"
+    out["ch4_w2_cv_n"] = f"{len(pairs)}"
+    lp = np.array([np.mean(cv["std_ft_minus_lp"]) for _, cv in pairs])
+    out["ch4_w2_cv_std_ft_minus_lp"] = _span(lp, "{:+.1f}")
+    same = sum(cv.get("prompt_as_main") is True for _, cv in pairs)
+    out["ch4_w2_cv_same"] = f"{same} of {len(pairs)}"
+    diff = max(
+        float(np.max(np.abs(np.subtract(fresh[n], cv[n]))))
+        for fresh, cv in pairs
+        for n in ("zero_shot", "prompt_ft", "prompt_entk")
+    )
+    out["ch4_w2_cv_prompt_diff"] = f"{diff:.1f}"
     return out
 
 
