@@ -33,12 +33,10 @@ WORLDS = {
         "pretrainings": [
             _pretraining(
                 100, [1.0, -3.0], -2.0, [0.2, 0.4], cv_probe=[60, 70], cv_c=[1, 100]
-            )
-            | {"prompt_as_main": True},
+            ),
             _pretraining(
                 101, [2.0, 4.0], 1.0, [3.0, 1.0], cv_probe=[50, 50], cv_c=[10, 10]
-            )
-            | {"prompt_as_main": False},
+            ),
         ]
     },
 }

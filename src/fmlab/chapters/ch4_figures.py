@@ -949,8 +949,8 @@ def cv_head_text(worlds: dict) -> dict[str, str]:
     pretrainings; ``ch4_w2_cv_fresh``, the same mean ± standard error from a fresh head
     on the same pretrainings; ``ch4_w2_cv_std_ft_minus_lp``, the lowest to highest
     pretraining's mean standard FT − LP from the probe; ``ch4_w2_cv_same``, the
-    pretrainings whose prompt-based runs came out as the main part's bit for bit
-    ("a of b", the script's ``prompt_as_main``), and ``ch4_w2_cv_prompt_diff``, the
+    pretrainings whose prompt-side accuracies (zero-shot, validated FT, its eNTK) are
+    the main part's bit for bit ("a of b"), and ``ch4_w2_cv_prompt_diff``, the
     largest difference between the two parts' prompt-side accuracies in any run
     (zero-shot, validated FT, its eNTK; points)."""
     pairs = _heads(worlds)
@@ -964,12 +964,13 @@ def cv_head_text(worlds: dict) -> dict[str, str]:
     out["ch4_w2_cv_n"] = f"{len(pairs)}"
     lp = np.array([np.mean(cv["std_ft_minus_lp"]) for _, cv in pairs])
     out["ch4_w2_cv_std_ft_minus_lp"] = _span(lp, "{:+.1f}")
-    same = sum(cv.get("prompt_as_main") is True for _, cv in pairs)
+    prompt = ("zero_shot", "prompt_ft", "prompt_entk")
+    same = sum(all(fresh[n] == cv[n] for n in prompt) for fresh, cv in pairs)
     out["ch4_w2_cv_same"] = f"{same} of {len(pairs)}"
     diff = max(
         float(np.max(np.abs(np.subtract(fresh[n], cv[n]))))
         for fresh, cv in pairs
-        for n in ("zero_shot", "prompt_ft", "prompt_entk")
+        for n in prompt
     )
     out["ch4_w2_cv_prompt_diff"] = f"{diff:.1f}"
     return out
