@@ -90,6 +90,13 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--redo", action="store_true", help="rerun parts already stored")
     ap.add_argument(
+        "--redo-seeds",
+        type=int,
+        nargs="+",
+        default=(),
+        help="rerun these pretrainings of the parts named; the rest of the file stays",
+    )
+    ap.add_argument(
         "--restamp",
         action="store_true",
         help="rerun one pretraining of the main part and, if it reproduces its record, "
@@ -141,6 +148,7 @@ def main(argv=None) -> int:
         seeds = config.pretrain_seeds
         kept = {p["seed"]: p for p in parts.get(name, {}).get("pretrainings", [])}
         kept = {} if a.redo else kept
+        kept = {s: p for s, p in kept.items() if s not in a.redo_seeds}
         done = [kept[s] for s in seeds if s in kept]  # in the config's order
         todo = [s for s in seeds if s not in kept]
         recorded = parts.get(name, {}).get("config")
@@ -162,7 +170,8 @@ def main(argv=None) -> int:
                     f"{name}, pretraining {seed}: contrast {c}, zero-shot "
                     f"{r['zero_shot'][0]:.1f}%, {r['seconds']:.0f} s"
                     + (
-                        f", prompt side as main: {r['prompt_as_main']}" * (name == "cv")
+                        f", prompt side as main: {r.get('prompt_as_main')}"
+                        * (name == "cv")
                     ),
                     flush=True,
                 )

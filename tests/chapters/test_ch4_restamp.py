@@ -110,3 +110,39 @@ def test_the_few_shot_restamp_needs_its_two_draws_to_reproduce(tmp_path, capsys)
     assert "bit for bit" in now["note"] and "draws 0 and 1" in now["note"]
     with pytest.raises(ValueError, match="seeds must be two or more"):
         ch4s.fewshot_job_check(out, seeds=(0,))
+
+
+def test_the_second_worlds_redo_seeds_reruns_only_the_named_pretrainings(
+    tmp_path, monkeypatch, capsys
+):
+    """``--redo-seeds``: the named pretrainings of a part are computed again with
+    today's code; the part's other pretrainings and the file's other parts stay as
+    stored (oracle: values moved by hand, which only a rerun can restore)."""
+    tiny = w2.SecondWorldConfig(**{**w2.SECOND_WORLD_SLICE, "pretrain_seeds": (7, 8)})
+    script = _script("ch4_second_world")
+    monkeypatch.setattr(
+        script, "part_config", lambda name: tiny if name == "main" else None
+    )
+    out = tmp_path / "second_world.json"
+    assert script.main(["--parts", "main", "--out", str(out)]) == 0
+    data = stored.read(out)
+    computed = {p["seed"]: p["contrast"] for p in data["parts"]["main"]["pretrainings"]}
+    for p in data["parts"]["main"]["pretrainings"]:
+        p["contrast"] = [v + 100.0 for v in p["contrast"]]
+    data["parts"]["other"] = {"config": {}, "pretrainings": []}
+    payload = {k: v for k, v in data.items() if k != "stored"}
+    stored.write(
+        out,
+        payload,
+        script=w2.SECOND_WORLD_SCRIPT,
+        sources=w2.second_world_sources(),
+        config={"main": asdict(tiny)},
+    )
+    capsys.readouterr()
+    assert script.main(["--parts", "main", "--redo-seeds", "8", "--out", str(out)]) == 0
+    after = stored.read(out)
+    redone = {p["seed"]: p["contrast"] for p in after["parts"]["main"]["pretrainings"]}
+    assert redone[8] == computed[8]  # computed again
+    assert redone[7] == [v + 100.0 for v in computed[7]]  # kept as stored
+    assert "other" in after["parts"]
+    assert "pretraining 8" in capsys.readouterr().out
