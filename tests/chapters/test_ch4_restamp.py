@@ -117,32 +117,32 @@ def test_the_second_worlds_redo_seeds_reruns_only_the_named_pretrainings(
 ):
     """``--redo-seeds``: the named pretrainings of a part are computed again with
     today's code; the part's other pretrainings and the file's other parts stay as
-    stored (oracle: values moved by hand, which only a rerun can restore)."""
+    stored (oracle: values moved by hand, which only a rerun can restore; the rerun
+    reads the tiny pretraining from this test's model cache)."""
     tiny = w2.SecondWorldConfig(**{**w2.SECOND_WORLD_SLICE, "pretrain_seeds": (7, 8)})
+    record = w2.second_world_pretraining(tiny, 8)
+    moved = {**record, "contrast": [v + 100.0 for v in record["contrast"]]}
+    kept = {**moved, "seed": 7}
     script = _script("ch4_second_world")
     monkeypatch.setattr(
         script, "part_config", lambda name: tiny if name == "main" else None
     )
     out = tmp_path / "second_world.json"
-    assert script.main(["--parts", "main", "--out", str(out)]) == 0
-    data = stored.read(out)
-    computed = {p["seed"]: p["contrast"] for p in data["parts"]["main"]["pretrainings"]}
-    for p in data["parts"]["main"]["pretrainings"]:
-        p["contrast"] = [v + 100.0 for v in p["contrast"]]
-    data["parts"]["other"] = {"config": {}, "pretrainings": []}
-    payload = {k: v for k, v in data.items() if k != "stored"}
+    parts = {
+        "main": {"config": asdict(tiny), "pretrainings": [kept, moved]},
+        "other": {"config": {}, "pretrainings": []},
+    }
     stored.write(
         out,
-        payload,
+        {"parts": parts, "meta": {"wall_seconds": 0.0}},
         script=w2.SECOND_WORLD_SCRIPT,
         sources=w2.second_world_sources(),
         config={"main": asdict(tiny)},
     )
-    capsys.readouterr()
     assert script.main(["--parts", "main", "--redo-seeds", "8", "--out", str(out)]) == 0
     after = stored.read(out)
     redone = {p["seed"]: p["contrast"] for p in after["parts"]["main"]["pretrainings"]}
-    assert redone[8] == computed[8]  # computed again
-    assert redone[7] == [v + 100.0 for v in computed[7]]  # kept as stored
+    assert redone[8] == record["contrast"]  # computed again
+    assert redone[7] == kept["contrast"]  # kept as stored
     assert "other" in after["parts"]
     assert "pretraining 8" in capsys.readouterr().out
