@@ -31,11 +31,11 @@ kept too, and the new record's note says which pretrainings were added when:
   from the paper's cross-validated probe (its footnote 2) instead of a fresh head,
   reported beside the key, not claimed; its prompt side is the main part's, computed
   again (the kernel change of the prompt runs, which the KC ratio divides by, is not
-  stored), and each pretraining records whether it came out as the main part's bit
-  for bit (``prompt_as_main``).
+  stored); page 04 counts the pretrainings whose prompt side equals the main part's
+  from the two parts (``fmlab.chapters.ch4_figures.cv_head_text``).
 
 ``--restamp``: when the code behind the file has changed, rerun one pretraining of the
-main part (105, stored by today's few-shot code) with today's code and, only if it
+main part (105) with today's code and, only if it
 reproduces its record, record today's fingerprint on the file
 (``fmlab.stored.restamp_checked``); then
 ``scripts/reslice.py ch4_second_world`` records the slice on the portable path if its
@@ -160,19 +160,13 @@ def main(argv=None) -> int:
         for seed in todo:
             if seed is not None:
                 r = second_world_pretraining(config, seed)
-                if name == "cv":
-                    r["prompt_as_main"] = _prompt_as_main(r, parts.get("main"))
                 done.append(r)
                 done.sort(key=lambda p: seeds.index(p["seed"]))
                 added.setdefault(name, []).append(seed)
                 c = [round(v, 1) for v in r["contrast"]]
                 print(
                     f"{name}, pretraining {seed}: contrast {c}, zero-shot "
-                    f"{r['zero_shot'][0]:.1f}%, {r['seconds']:.0f} s"
-                    + (
-                        f", prompt side as main: {r.get('prompt_as_main')}"
-                        * (name == "cv")
-                    ),
+                    f"{r['zero_shot'][0]:.1f}%, {r['seconds']:.0f} s",
                     flush=True,
                 )
             parts[name] = {"config": asdict(config), "pretrainings": done}
@@ -182,18 +176,6 @@ def main(argv=None) -> int:
             _write(a, parts, before, added, sliced, sources, seconds)
     print(f"wrote {a.out} ({time.time() - t0:.0f} s)")
     return 0
-
-
-def _prompt_as_main(r: dict, main: dict | None) -> bool | None:
-    """Whether the prompt side of a pretraining ``r`` of the ``cv`` part (its
-    zero-shot, validated FT and eNTK, per run) is the main part's of the same seed bit
-    for bit (None when the main part does not hold it): the same pretraining, data and
-    prompt runs, only the standard head differs."""
-    found = [p for p in (main or {}).get("pretrainings", []) if p["seed"] == r["seed"]]
-    if not found:
-        return None
-    names = ("zero_shot", "prompt_ft", "prompt_entk", "prompt_abs_ft_minus_entk")
-    return all(found[0][n] == r[n] for n in names)
 
 
 def _write(a, parts, before, added, sliced, sources, seconds) -> None:

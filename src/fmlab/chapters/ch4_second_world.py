@@ -289,10 +289,10 @@ def second_world_job_check(
     k = 64 runs, about five minutes on one core) with today's code, afresh (never
     from the model cache), and compare its per-run numbers with the record
     (:func:`fmlab.stored.compare_runs`). Reads the file without checking its
-    fingerprint. Pretrainings 103-105 were stored by the few-shot code of today, so a
-    change that moves nothing reproduces them bit for bit; 100-102 were stored before
-    its candidates trained as one stack (ffa70fc), and today's code moves a few of
-    their runs by tenths of a point (up to 1.3 on the prompt side of 101)."""
+    fingerprint. Every pretraining of the main part was stored by today's few-shot
+    code (100-102 rerun with ``--redo-seeds`` after ffa70fc had moved a few of their
+    runs by up to 1.3 points), so a change that moves nothing reproduces any of them
+    bit for bit."""
     data = stored.read(SECOND_WORLD_RESULTS if path is None else path)
     if part not in data["parts"]:
         raise ValueError(f"part must be one of {sorted(data['parts'])}, got {part!r}")
