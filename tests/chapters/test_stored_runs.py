@@ -5,8 +5,9 @@ it makes the load name its script; the slice kept in the file is the one its mod
 defines; and the slice, rerun in a fresh process under another rounding path than the
 record's (ATen's scalar kernels and MKL's compatible path, or the reverse:
 ``fmlab.stored.other_rounding``), reproduces its record within the replicate spread
-(``fmlab.stored.compare_runs``), though not bit for bit. When a GPU is at hand, the same
-slice trained on it agrees with the CPU's within that spread.
+(``fmlab.stored.compare_runs``); most of them, though not all on every machine, differ
+from their records in the last bits. When a GPU is at hand, the same slice trained on it
+agrees with the CPU's within that spread.
 
 Oracles: the record written when the run was stored; torch's own report of its CPU
 capability in the rerun's process.
@@ -251,30 +252,37 @@ def reruns() -> dict:
     return out
 
 
-# Slices whose rerun came out bit for bit on the pair of capabilities measured (record,
-# rerun): the width-16 GINC transformer of Chapter 6's slice takes no kernel whose AVX2
-# and scalar paths differ, with or without its validation losses. Its check still runs;
-# on another pair (an AVX-512 machine) only the spread is asserted.
-SAME_BITS = {"ch6_worlds": ("DEFAULT", "AVX2")}
-
-
 @pytest.mark.parametrize("name", sorted(RUNS))
 def test_the_slice_reruns_to_its_record_on_another_rounding_path(name, reruns):
     """The check that holds on any machine: the record's CPU capability is not the
-    rerun's, so the numbers differ in their last bits (the slice's few dozen steps
+    rerun's, so the numbers may differ in their last bits (the slice's few dozen steps
     amplify that far less than the stored runs' thousands); the means over replicates
-    must stay within three standard errors of the difference of two means."""
+    must stay within three standard errors of the difference of two means. Whether a
+    given slice comes out bit for bit depends on the machine (measured: Chapter 6's
+    two transformer slices rerun bit for bit on some pairs of capabilities and not on
+    others), so no single slice is required to differ; the next test asks it of the
+    set."""
     record = stored.read(RUNS[name][1])["stored"]["slice"]
     out, capability, env = reruns[name]
     assert capability.upper() == env["ATEN_CPU_CAPABILITY"].upper()
     assert capability != record["environment"]["cpu_capability"]
     res = stored.compare_runs(record["result"], out)
     assert res["ok"], res
-    pair = (record["environment"]["cpu_capability"].upper(), capability.upper())
-    if SAME_BITS.get(name) == pair:  # measured: its kernels round alike on this pair
-        assert res["bitwise"], f"{name}: now differs; drop it from SAME_BITS"
-    elif name not in SAME_BITS:
-        assert not res["bitwise"], "the rerun took the record's own rounding path"
+
+
+def test_the_reruns_took_another_rounding_path_than_the_records(reruns):
+    """The comparison above is exercised off the record's own path: most slices
+    (measured: 8 to 9 of 10 on each machine and pair of capabilities tried) rerun to
+    other numbers in their last bits. If none did, the reruns would have taken the
+    records' own rounding path and the check above would prove nothing."""
+    differ = [
+        name
+        for name in RUNS
+        if not stored.compare_runs(
+            stored.read(RUNS[name][1])["stored"]["slice"]["result"], reruns[name][0]
+        )["bitwise"]
+    ]
+    assert len(differ) >= len(RUNS) // 2, f"only {differ} differ from their records"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU on this machine")
