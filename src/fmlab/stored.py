@@ -311,9 +311,11 @@ def restamp(path, *, sources, note: str, slice: dict | None = None) -> dict:
     """Record the fingerprint of today's code on the results at ``path`` without
     rerunning them: only for a change that a rerun of part of the results has shown
     not to move them (the caller's check; ``note`` says which). ``slice`` replaces the
-    stored slice (else it is kept). The earlier record (with its own history) is kept
-    under ``"earlier"`` with the names of the sources that changed. Returns the new
-    record."""
+    stored slice (else it is kept, with the environment it was run in: the slice
+    check's rerun path, :func:`other_rounding`, is chosen from it). The new record's
+    ``"environment"`` is this machine's, where the check ran; the earlier record (with
+    its own history, down to the run's :func:`origin`) is kept under ``"earlier"``
+    with the names of the sources that changed. Returns the new record."""
     path = Path(path)
     data = read(path)
     before = data.pop("stored")
@@ -337,6 +339,12 @@ def restamp(path, *, sources, note: str, slice: dict | None = None) -> dict:
     )
     data = read(path)
     data["stored"]["earlier"] = earlier
+    if (
+        slice is not None
+        and "slice" in before
+        and slice == {k: before["slice"][k] for k in ("config", "result")}
+    ):  # the slice kept: where it ran, not where this restamp ran
+        data["stored"]["slice"]["environment"] = before["slice"]["environment"]
     path.write_text(json.dumps(data, indent=1) + "\n")
     return data["stored"]
 

@@ -98,10 +98,16 @@ def test_restamp_keeps_the_payload_and_the_earlier_record(tmp_path):
         config={"n": 9},
         slice=slice_run,
     )
+    # the slice as if it had run on another machine (its rerun path is chosen from it)
+    data = stored.read(out)
+    elsewhere = {**data["stored"]["slice"]["environment"], "cpu_capability": "AVX2"}
+    data["stored"]["slice"]["environment"] = elsewhere
+    out.write_text(json.dumps(data))
     code.write_text("def produce():\n    return 1  # same value\n")
     mod = _module(code, "restamp_mod")
     assert stored.changed_sources(out, [mod.produce]) == ["restamp_mod.produce"]
     rec = stored.restamp(out, sources=[mod.produce], note="checked")
+    assert rec["slice"]["environment"] == elsewhere  # kept, not relabelled here
     assert rec["earlier"]["changed_since"] == ["restamp_mod.produce"]
     data = stored.load(out, script="scripts/s.py", sources=[mod.produce])
     assert data["runs"] == [1, 2] and data["stored"]["note"] == "checked"
