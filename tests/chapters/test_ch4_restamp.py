@@ -30,20 +30,39 @@ def _script(name: str):
     return script
 
 
+@pytest.fixture(scope="module")
+def _module_cache(tmp_path_factory):
+    """One model cache for this file's tests (the tiny pretraining of the second
+    world's seed 105 is computed once for two of them; each job check reruns its
+    pretraining in a fresh cache of its own, whatever this one holds)."""
+    return tmp_path_factory.mktemp("models")
+
+
 @pytest.fixture(autouse=True)
-def _own_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("FMLAB_CACHE_DIR", str(tmp_path / "cache"))
+def _own_cache(_module_cache, monkeypatch):
+    monkeypatch.setenv("FMLAB_CACHE_DIR", str(_module_cache))
     monkeypatch.delenv("FMLAB_SEED_OFFSET", raising=False)
+
+
+@pytest.fixture(scope="module")
+def second_world_105(_module_cache):
+    """The slice's tiny world at the pretraining the script's job reruns (105): its
+    config and its record."""
+    config = w2.SecondWorldConfig(**{**w2.SECOND_WORLD_SLICE, "pretrain_seeds": (105,)})
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FMLAB_CACHE_DIR", str(_module_cache))
+        mp.delenv("FMLAB_SEED_OFFSET", raising=False)
+        return config, w2.second_world_pretraining(config, 105)
 
 
 def _other_code():  # the fingerprint of a file whose code has changed since
     return [stored.read]
 
 
-def test_the_second_worlds_restamp_needs_its_pretraining_to_reproduce(tmp_path, capsys):
-    # the slice's tiny world, at the pretraining the script's job reruns (105)
-    config = w2.SecondWorldConfig(**{**w2.SECOND_WORLD_SLICE, "pretrain_seeds": (105,)})
-    record = w2.second_world_pretraining(config, 105)
+def test_the_second_worlds_restamp_needs_its_pretraining_to_reproduce(
+    tmp_path, capsys, second_world_105
+):
+    config, record = second_world_105
     out = tmp_path / "second_world.json"
 
     def write(pretraining):
@@ -113,14 +132,14 @@ def test_the_few_shot_restamp_needs_its_two_draws_to_reproduce(tmp_path, capsys)
 
 
 def test_the_second_worlds_redo_seeds_reruns_only_the_named_pretrainings(
-    tmp_path, monkeypatch, capsys
+    tmp_path, monkeypatch, capsys, second_world_105
 ):
     """``--redo-seeds``: the named pretrainings of a part are computed again with
     today's code; the part's other pretrainings and the file's other parts stay as
     stored (oracle: values moved by hand, which only a rerun can restore; the rerun
-    reads the tiny pretraining from this test's model cache)."""
-    tiny = w2.SecondWorldConfig(**{**w2.SECOND_WORLD_SLICE, "pretrain_seeds": (7, 8)})
-    record = w2.second_world_pretraining(tiny, 8)
+    reads the tiny pretraining from this file's model cache)."""
+    one, record = second_world_105
+    tiny = dataclasses.replace(one, pretrain_seeds=(7, 105))
     moved = {**record, "contrast": [v + 100.0 for v in record["contrast"]]}
     kept = {**moved, "seed": 7}
     script = _script("ch4_second_world")
@@ -139,10 +158,11 @@ def test_the_second_worlds_redo_seeds_reruns_only_the_named_pretrainings(
         sources=w2.second_world_sources(),
         config={"main": asdict(tiny)},
     )
-    assert script.main(["--parts", "main", "--redo-seeds", "8", "--out", str(out)]) == 0
+    redo = ["--parts", "main", "--redo-seeds", "105", "--out", str(out)]
+    assert script.main(redo) == 0
     after = stored.read(out)
     redone = {p["seed"]: p["contrast"] for p in after["parts"]["main"]["pretrainings"]}
-    assert redone[8] == record["contrast"]  # computed again
+    assert redone[105] == record["contrast"]  # computed again
     assert redone[7] == kept["contrast"]  # kept as stored
     assert "other" in after["parts"]
-    assert "pretraining 8" in capsys.readouterr().out
+    assert "pretraining 105" in capsys.readouterr().out
