@@ -7,6 +7,7 @@ which page 03 reads at seed offset 0 instead of computing them.
 
     python scripts/ch3_lpft.py                        # the stored runs, one core
     python scripts/ch3_lpft.py --seeds 2 --out /tmp/c.json   # a quick try
+    python scripts/ch3_lpft.py --restamp  # after a change that cannot move it
 
 About 140 s of one core on an idle machine. The page reads an experiment only when its
 config is exactly a stored one (so a try with ``--seeds`` is never read by the page).
@@ -17,6 +18,11 @@ The page's config is written out below, as the page's config cell writes it; if 
 page changes it, the page no longer finds its experiments in the file (it computes
 them, and ``tests/chapters/test_ch3_stored.py`` fails until this script is rerun with
 the new config).
+
+``--restamp``: when the code behind the file has changed, rerun its experiment at 60°
+(three worlds, about 5 s of one core) with today's code and, only if it reproduces its
+record, record today's fingerprint on the file (``fmlab.stored.restamp_checked``; the
+check is ``fmlab.chapters.ch3_stored.lpft_job_check``).
 """
 
 from __future__ import annotations
@@ -62,7 +68,16 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=0, help="fewer worlds (a try)")
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument(
+        "--restamp",
+        action="store_true",
+        help="rerun the experiment at 60 degrees (three worlds) of --out and, if it "
+        "reproduces its record, record the fingerprint of today's code on the file "
+        "(for changes that cannot move it)",
+    )
     a = ap.parse_args(argv)
+    if a.restamp and a.seeds:
+        ap.error("--restamp reruns part of the stored run: give no --seeds")
     if a.seeds and a.out == OUT:
         ap.error("--seeds makes a try, not the book's run: give --out elsewhere")
     os.environ["OMP_NUM_THREADS"] = "1"
@@ -73,6 +88,7 @@ def main(argv=None) -> int:
     from fmlab.chapters.ch3_stored import (
         LPFT_SCRIPT,
         config_record,
+        lpft_job_check,
         lpft_run,
         lpft_slice,
         lpft_slice_config,
@@ -81,6 +97,13 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(1)
     sources = stored.fingerprint(lpft_sources())  # the code as it starts
+    if a.restamp:
+        return stored.restamp_checked(
+            a.out,
+            sources=sources,
+            check=lpft_job_check,
+            job="the experiment at 60° (three worlds, every method)",
+        )
     configs = page_configs(a.seeds)
     runs, seconds = [], []
     for cfg in configs:

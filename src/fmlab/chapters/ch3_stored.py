@@ -40,6 +40,7 @@ __all__ = [
     "LPFT_SLICE",
     "config_record",
     "lpft_config",
+    "lpft_job_check",
     "lpft_run",
     "lpft_slice",
     "lpft_results",
@@ -163,6 +164,86 @@ def lpft_slice(record: dict | None = None) -> dict:
         "lpft_change_id": res["change"]["lpft"][:, :, 0].tolist(),
         "ft_train_loss": res["trace"]["ft"][:, ft, -1, 0].tolist(),
     }
+
+
+#: The numbers of an experiment's result without a world axis (a rerun gives them bit
+#: for bit): the world's overlap and the steps of the traces.
+_WHOLE_RUN_FIELDS = ("overlap", "trace_steps")
+
+
+def _per_world(result: dict, n_worlds: int) -> dict:
+    """Every quantity of a (decoded) result with a world axis, flat per world:
+    ``{"<key>" or "<key>|<method>": (worlds, values) float64 tensor}``."""
+    import torch
+
+    out = {}
+    for key, value in result.items():
+        if key in _WHOLE_RUN_FIELDS:
+            continue
+        parts = value.items() if isinstance(value, dict) else [(None, value)]
+        for sub, v in parts:
+            name = key if sub is None else f"{key}|{sub}"
+            if not isinstance(v, torch.Tensor) or v.ndim == 0 or len(v) != n_worlds:
+                raise ValueError(f"{name}: expected one row per world ({n_worlds})")
+            out[name] = v.reshape(n_worlds, -1).double()
+    return out
+
+
+def lpft_job_check(path: Path | str | None = None, angle: float = 60.0) -> dict:
+    """A script's ``--restamp`` check: rerun the stored experiment at overlap angle
+    ``angle`` (by default 60°, the first of the overlap sweep: three worlds, each
+    pretrained and adapted by every method over its grid, about 5 s of one core) with
+    today's code, as the script ran it (:func:`lpft_run`: seed offset 0, one thread, a
+    fresh model cache), and compare every per-world number of its result with the
+    record (:func:`fmlab.stored.compare_runs`): accuracies, chosen values, every
+    grid's sweep, FT's heads, feature changes, traces, span residuals, probe and
+    pretraining losses, feature norms. A number undefined in a world (nan: a rate FT
+    does not search, a run that diverged) must be nan in the same places, and the
+    numbers without a world axis (the overlap, the trace's steps) the same bit for
+    bit. Reads the file without checking its fingerprint."""
+    import numpy as np
+    import torch
+
+    data = stored.read(LPFT_RESULTS if path is None else path)
+    angles = [run["config"]["world"]["overlap_deg"] for run in data["runs"]]
+    if angles.count(angle) != 1:
+        raise ValueError(
+            f"angle must be one of the stored experiments' {angles}, got {angle!r}"
+        )
+    run = data["runs"][angles.index(angle)]
+    config = lpft_config(run["config"])
+    if config_record(config) != run["config"]:
+        raise ValueError("the stored config does not read back as it was written")
+    old, new = _decode(run["result"]), _decode(lpft_run(config)["result"])
+    if set(old) != set(new):
+        raise ValueError(f"the rerun gives {sorted(new)}, the record {sorted(old)}")
+
+    def equal(a, b) -> bool:
+        if isinstance(a, torch.Tensor):
+            return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.equal(b)
+        return type(a) is type(b) and a == b
+
+    same = all(equal(old[k], new[k]) for k in _WHOLE_RUN_FIELDS if k in old)
+    worlds = len(config.seeds)
+    old_w, new_w = _per_world(old, worlds), _per_world(new, worlds)
+    record, rerun = {}, {}
+    for name, o in old_w.items():
+        n = new_w[name]
+        if o.shape != n.shape:
+            raise ValueError(f"{name}: rerun {tuple(n.shape)}, record {tuple(o.shape)}")
+        # the values defined in every world of both runs are compared by the rule;
+        # the rest must be the same, nan where nan
+        defined = o.isfinite().all(0) & n.isfinite().all(0)
+        rest = ~defined
+        same = same and np.array_equal(
+            o[:, rest].numpy(), n[:, rest].numpy(), equal_nan=True
+        )
+        if defined.any():
+            record[name], rerun[name] = o[:, defined], n[:, defined]
+    res = stored.compare_runs(record, rerun)
+    res["ok"] = bool(res["ok"] and same)
+    res["bitwise"] = bool(res["bitwise"] and same)
+    return res
 
 
 def lpft_sources() -> list:
