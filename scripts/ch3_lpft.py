@@ -22,7 +22,11 @@ the new config).
 ``--restamp``: when the code behind the file has changed, rerun its experiment at 60°
 (three worlds, about 5 s of one core) with today's code and, only if it reproduces its
 record, record today's fingerprint on the file (``fmlab.stored.restamp_checked``; the
-check is ``fmlab.chapters.ch3_stored.lpft_job_check``).
+check is ``fmlab.chapters.ch3_stored.lpft_job_check``). Run it on the rounding path
+of the record (written on an AVX2 machine: ``ATEN_CPU_CAPABILITY=avx2`` on a newer
+one), where a change that moves nothing reproduces it bit for bit; on another path the
+numbers at rounding level (span residuals, the feature change at step 0) can fail the
+check.
 """
 
 from __future__ import annotations

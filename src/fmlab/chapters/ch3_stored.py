@@ -200,7 +200,14 @@ def lpft_job_check(path: Path | str | None = None, angle: float = 60.0) -> dict:
     pretraining losses, feature norms. A number undefined in a world (nan: a rate FT
     does not search, a run that diverged) must be nan in the same places, and the
     numbers without a world axis (the overlap, the trace's steps) the same bit for
-    bit. Reads the file without checking its fingerprint."""
+    bit. Reads the file without checking its fingerprint.
+
+    Run it on the record's rounding path (:func:`fmlab.stored.environment` of the run's
+    origin; for today's file, written on an AVX2 machine, ``ATEN_CPU_CAPABILITY=avx2``
+    on a newer one): there a change that moves nothing reproduces the record bit for
+    bit. On another path the numbers at rounding level (the span residuals, the
+    feature change at step 0, exactly 0 in the record) can fail the rule, and the
+    check then asks for a rerun of the whole run."""
     import numpy as np
     import torch
 
