@@ -12,6 +12,7 @@ build with an empty cache trains everything from scratch and gives the same numb
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import math
@@ -37,6 +38,7 @@ __all__ = [
     "TrainResult",
     "cache_dir",
     "cached",
+    "fresh_model_cache",
 ]
 
 
@@ -275,6 +277,30 @@ def cache_dir() -> Path:
             path = Path.home() / ".cache" / "fmlab"
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+@contextlib.contextmanager
+def fresh_model_cache(*, seed_offset_zero: bool = True):
+    """Run the block with an empty model cache of its own (``$FMLAB_CACHE_DIR`` set to
+    a temporary directory, removed afterwards), so that nothing is read from an
+    earlier run's entries and nothing the block computes is left in the cache outside
+    it; and, with ``seed_offset_zero`` (the default), at seed offset 0 (the published
+    book's seeds: ``$FMLAB_SEED_OFFSET`` unset). Afterwards, also when the block
+    raises, both variables are as they were before (unset if they were unset)."""
+    names = ["FMLAB_CACHE_DIR"] + (["FMLAB_SEED_OFFSET"] if seed_offset_zero else [])
+    before = {name: os.environ.get(name) for name in names}
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            if seed_offset_zero:
+                os.environ.pop("FMLAB_SEED_OFFSET", None)
+            os.environ["FMLAB_CACHE_DIR"] = tmp
+            yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _chapter_of(build: Callable) -> str | None:

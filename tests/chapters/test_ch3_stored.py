@@ -17,6 +17,8 @@ import torch
 
 from fmlab.chapters import ch3_lpft as ch3
 from fmlab.chapters import ch3_stored
+from fmlab.repro import single_threaded
+from fmlab.train import fresh_model_cache
 
 PAGE = Path(__file__).resolve().parents[2] / "notebooks" / "03-lp-vs-ft.ipynb"
 
@@ -69,7 +71,7 @@ def test_a_result_is_stored_to_the_last_bit():
     """A computed result (a tiny config) through the file's encoding and back:
     every tensor identical, in value, dtype and shape, and the numbers kept."""
     cfg = ch3.LPFTConfig(**{**ch3_stored.LPFT_SLICE, "seeds": (0, 1)})
-    with ch3_stored._fresh_run():
+    with fresh_model_cache(), single_threaded():
         res = ch3._lpft_results(cfg)
     back = ch3_stored._decode(json.loads(json.dumps(ch3_stored._encode(res))))
     assert back.keys() == res.keys()

@@ -1,5 +1,6 @@
 """fmlab's core: validation, seeding, claims, the training loop and its cache."""
 
+import contextlib
 import os
 import re
 import shutil
@@ -185,6 +186,56 @@ def test_cache_builds_once_and_survives_interruption(tmp_path, monkeypatch):
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
     with pytest.raises(ValueError, match="name"):
         cached(_Cfg(), build, name="not a name")
+
+
+@pytest.mark.parametrize("seed_offset_zero", [True, False])
+@pytest.mark.parametrize("was_set", [True, False])
+def test_fresh_model_cache_is_empty_and_restores_the_environment(
+    tmp_path, monkeypatch, seed_offset_zero, was_set
+):
+    """Inside: an empty cache of its own (an entry of the outer cache is not read,
+    an entry made inside is not seen outside) and, by default, seed offset 0. After:
+    both variables exactly as before, set or unset, also when the block raises."""
+    from fmlab.train import cache_dir, fresh_model_cache
+
+    outer = tmp_path / "outer"
+    if was_set:
+        monkeypatch.setenv("FMLAB_CACHE_DIR", str(outer))
+        monkeypatch.setenv("FMLAB_SEED_OFFSET", "3")
+    else:
+        monkeypatch.delenv("FMLAB_CACHE_DIR", raising=False)
+        monkeypatch.delenv("FMLAB_SEED_OFFSET", raising=False)
+    before = {n: os.environ.get(n) for n in ("FMLAB_CACHE_DIR", "FMLAB_SEED_OFFSET")}
+    calls = []
+
+    def build():
+        calls.append(1)
+        return {"x": torch.ones(1)}
+
+    if was_set:
+        cached(_Cfg(), build, name="fresh")  # an outer entry
+    for raises in (False, True):
+        with pytest.raises(RuntimeError) if raises else contextlib.nullcontext():
+            with fresh_model_cache(seed_offset_zero=seed_offset_zero):
+                inner = cache_dir()
+                assert inner != outer and not list(inner.iterdir())
+                offset = os.environ.get("FMLAB_SEED_OFFSET")
+                assert offset == (
+                    None if seed_offset_zero else before["FMLAB_SEED_OFFSET"]
+                )
+                cached(_Cfg(), build, name="fresh")  # the outer entry is not read
+                cached(_Cfg(a=5), build, name="fresh")  # computed inside
+                if raises:
+                    raise RuntimeError("boom")
+        assert {n: os.environ.get(n) for n in before} == before
+        assert not inner.exists()  # the block's cache is gone with it
+    assert len(calls) == (5 if was_set else 4)  # nothing read across the boundary
+    if was_set:
+        assert [p.name.startswith("fresh-") for p in outer.iterdir()] == [True]
+        cached(_Cfg(), build, name="fresh")  # the outer entry, read
+        assert len(calls) == 5
+        cached(_Cfg(a=5), build, name="fresh")  # not seen outside: computed again
+        assert len(calls) == 6
 
 
 def test_cache_write_is_atomic(tmp_path, monkeypatch):

@@ -22,16 +22,14 @@ rounding path.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import json
-import os
-import tempfile
 from pathlib import Path
 
 from .. import stored
 from ..repro import seed_offset, single_threaded
+from ..train import fresh_model_cache
 from . import ch3_lpft
 
 __all__ = [
@@ -97,23 +95,6 @@ def lpft_config(record: dict) -> ch3_lpft.LPFTConfig:
     return ch3_lpft.LPFTConfig(**values)
 
 
-@contextlib.contextmanager
-def _fresh_run():
-    """Run the block at seed offset 0 (the published book's seeds), on one thread,
-    with an empty model cache of its own (so that nothing is read from an earlier
-    run's entries)."""
-    old = {k: os.environ.pop(k, None) for k in ("FMLAB_SEED_OFFSET", "FMLAB_CACHE_DIR")}
-    try:
-        with tempfile.TemporaryDirectory() as tmp, single_threaded():
-            os.environ["FMLAB_CACHE_DIR"] = tmp
-            yield
-    finally:
-        os.environ.pop("FMLAB_CACHE_DIR", None)
-        for k, v in old.items():
-            if v is not None:
-                os.environ[k] = v
-
-
 def _encode(result: dict) -> dict:
     """A result of :func:`~fmlab.chapters.ch3_lpft.run_lpft_experiment` as JSON data
     (tensors by :func:`fmlab.stored.encode_tensors`, exact; numbers as they are)."""
@@ -140,7 +121,7 @@ def lpft_run(config: ch3_lpft.LPFTConfig) -> dict:
     """Compute the experiment of ``config`` as the page does (at seed offset 0, on one
     thread, from a fresh model cache) and return it as plain data for JSON:
     ``{"config": config_record(config), "result": ...}``."""
-    with _fresh_run():
+    with fresh_model_cache(), single_threaded():
         result = ch3_lpft._lpft_results(config)
     return {"config": config_record(config), "result": _encode(result)}
 
@@ -153,7 +134,7 @@ def lpft_slice(record: dict | None = None) -> dict:
     of the ID test inputs, LP-FT's final training loss and ID feature change at every
     rate, and FT's final training loss at every searched rate."""
     config = lpft_slice_config() if record is None else lpft_config(record)
-    with _fresh_run():
+    with fresh_model_cache(), single_threaded():
         res = ch3_lpft._lpft_results(config)
     ft = ch3_lpft.searched(config, "ft")
     return {
@@ -267,7 +248,7 @@ def lpft_sources() -> list:
         lpft_run,
         lpft_slice,
         lpft_slice_config,
-        _fresh_run,
+        fresh_model_cache,
         _encode,
         _decode,
         m.LPFTConfig,
