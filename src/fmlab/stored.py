@@ -323,7 +323,8 @@ def restamp(path, *, sources, note: str, slice: dict | None = None) -> dict:
     # the earlier record (with its own earlier ones, nested) without its bulk
     earlier = {k: v for k, v in before.items() if k not in ("fingerprint", "slice")}
     earlier["changed_since"] = changed
-    if slice is None and "slice" in before:
+    kept = slice is None and "slice" in before
+    if kept:
         slice = {k: before["slice"][k] for k in ("config", "result")}
     config = before.get("config", data.get("meta", {}).get("config", {}))
     device = before.get("environment", {}).get("device", "cpu")
@@ -339,11 +340,7 @@ def restamp(path, *, sources, note: str, slice: dict | None = None) -> dict:
     )
     data = read(path)
     data["stored"]["earlier"] = earlier
-    if (
-        slice is not None
-        and "slice" in before
-        and slice == {k: before["slice"][k] for k in ("config", "result")}
-    ):  # the slice kept: where it ran, not where this restamp ran
+    if kept:  # where the slice ran, not where this restamp ran
         data["stored"]["slice"]["environment"] = before["slice"]["environment"]
     path.write_text(json.dumps(data, indent=1) + "\n")
     return data["stored"]
