@@ -35,6 +35,7 @@ import numpy as np
 from .. import stored
 from .._validate import check_choice, check_float, check_int
 from ..data.sentiment_language import SentimentLanguageConfig
+from ..train import fresh_model_cache
 from .ch4_fewshot import KernelExperimentConfig, run_kernel_experiment, wide_grid
 from .ch4_world import MLMPretrainConfig
 
@@ -302,16 +303,8 @@ def second_world_job_check(
         seeds = [p["seed"] for p in record["pretrainings"]]
         raise ValueError(f"seed must be one of the part's {seeds}, got {seed!r}")
     config = _config(record["config"])
-    before = os.environ.get("FMLAB_CACHE_DIR")
-    with tempfile.TemporaryDirectory() as tmp:
-        os.environ["FMLAB_CACHE_DIR"] = tmp
-        try:
-            out = second_world_pretraining(config, seed)
-        finally:
-            if before is None:
-                del os.environ["FMLAB_CACHE_DIR"]
-            else:
-                os.environ["FMLAB_CACHE_DIR"] = before
+    with fresh_model_cache(seed_offset_zero=False):  # the offset is the config's
+        out = second_world_pretraining(config, seed)
     names = [n for n in _JOB_FIELDS if n in found[0]]
     return stored.compare_runs(
         {n: found[0][n] for n in names}, {n: out[n] for n in names}
