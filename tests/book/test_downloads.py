@@ -19,7 +19,6 @@ Needs a built book (``make book``); without one the tests skip with a loud reaso
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -29,6 +28,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from scripts_loader import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 HTML = ROOT / "_build" / "html"
@@ -40,11 +40,7 @@ WHEEL_CHAPTERS = ("notebooks/02-interface", "notebooks/05b-same-loss")
 def _chapters() -> list[str]:
     """The chapters of the table of contents, as the build lists them
     (``scripts/execute_chapters.py``), e.g. ``notebooks/02-interface``."""
-    spec = importlib.util.spec_from_file_location(
-        "execute_chapters", ROOT / "scripts" / "execute_chapters.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("execute_chapters")
     return [p.relative_to(ROOT).with_suffix("").as_posix() for p in module._chapters()]
 
 

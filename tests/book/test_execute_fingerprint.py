@@ -7,16 +7,13 @@ import importlib.util
 import os
 from pathlib import Path
 
+from scripts_loader import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location(
-        "execute_chapters", ROOT / "scripts" / "execute_chapters.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("execute_chapters")
 
 
 def test_a_stored_result_changes_only_its_chapters_fingerprint(tmp_path, monkeypatch):

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import chromium
 import pytest
+from scripts_loader import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 EXECUTED = ROOT / "_build" / "executed"
@@ -48,13 +49,7 @@ def _unavailable(reason: str):
 
 
 def _bake_module():
-    spec = importlib.util.spec_from_file_location(
-        "bake_notebooks", ROOT / "scripts" / "bake_notebooks.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bake_notebooks")
 
 
 def _free_port() -> int:

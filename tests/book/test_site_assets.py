@@ -5,6 +5,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+from scripts_loader import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -106,11 +108,7 @@ def test_the_word_exercise_is_not_doubled_before_a_reference():
 
 
 def _bake():
-    path = ROOT / "scripts" / "bake_notebooks.py"
-    spec = importlib.util.spec_from_file_location("bake_units", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bake_notebooks")
 
 
 def test_a_slider_figure_carries_its_first_frame_for_jupyterlab():

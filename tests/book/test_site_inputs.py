@@ -5,18 +5,15 @@ the build itself rewrites.
 Oracle: files edited by hand in a scratch tree (not a git checkout, so every file but
 the build outputs is a source)."""
 
-import importlib.util
 from pathlib import Path
+
+from scripts_loader import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _module(root: Path):
-    spec = importlib.util.spec_from_file_location(
-        "site_inputs", ROOT / "scripts" / "site_inputs.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("site_inputs")
     module.ROOT = root
     module.RECORD = root / "_build" / "html" / ".fmlab-inputs"
     return module

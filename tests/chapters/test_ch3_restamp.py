@@ -8,23 +8,12 @@ Oracle: the record written by the same code in this test (a rerun of it must com
 bit for bit), and a record moved by hand (which the job must not reproduce).
 """
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+from scripts_loader import load_script
 
 from fmlab import stored
 from fmlab.chapters import ch3_lpft as ch3
 from fmlab.chapters import ch3_stored
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    return script
 
 
 @pytest.fixture(autouse=True)
@@ -54,7 +43,7 @@ def test_the_lpft_restamp_needs_its_experiment_to_reproduce(tmp_path, capsys):
             config={"experiments": [r["config"] for r in runs]},
         )
 
-    script = _script("ch3_lpft")
+    script = load_script("ch3_lpft")
     # the pretraining loss of the 60° run, moved far beyond its spread by hand
     result = runs[1]["result"]
     loss = result["pretrain_loss"]

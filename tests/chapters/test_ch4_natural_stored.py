@@ -10,12 +10,12 @@ model, recomputed from the stored weights by the functions that define mean |chi
 the zero-shot accuracy.
 """
 
-import importlib.util
 import json
 from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
+from scripts_loader import load_script
 
 from fmlab.chapters import ch4_figures as fig4
 from fmlab.chapters import ch4_kernel_view as ch4
@@ -24,15 +24,6 @@ from fmlab.chapters import ch4_world as ch4w
 from fmlab.models.transformer import PromptClassifier
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location(
-        "natural_script", ROOT / "scripts" / "ch4_natural.py"
-    )
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    return script
 
 
 def _page_config() -> ch4.ChapterConfig:
@@ -52,7 +43,7 @@ def _page_config() -> ch4.ChapterConfig:
 
 def test_the_stored_run_is_the_pages_and_records_todays_code():
     page = _page_config()
-    assert page == ch4.ChapterConfig(**_script().PAGE_CONFIG)
+    assert page == ch4.ChapterConfig(**load_script("ch4_natural").PAGE_CONFIG)
     data = ch4s.natural_results()
     assert data["stored"]["config"] == json.loads(json.dumps(asdict(page)))
     assert data["stored"]["script"] == "scripts/ch4_natural.py"

@@ -10,24 +10,14 @@ bit for bit), and a record moved by hand (which the job must not reproduce).
 """
 
 import dataclasses
-import importlib.util
 from dataclasses import asdict
-from pathlib import Path
 
 import pytest
+from scripts_loader import load_script
 
 from fmlab import stored
 from fmlab.chapters import ch4_second_world as w2
 from fmlab.chapters import ch4_stored as ch4s
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    return script
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +65,7 @@ def test_the_second_worlds_restamp_needs_its_pretraining_to_reproduce(
             config={"main": asdict(config)},
         )
 
-    script = _script("ch4_second_world")
+    script = load_script("ch4_second_world")
     # the zero-shot accuracy is the same in every run, so it must come out exactly
     moved = {**record, "zero_shot": [v + 0.1 for v in record["zero_shot"]]}
     write(moved)
@@ -113,7 +103,7 @@ def test_the_few_shot_restamp_needs_its_two_draws_to_reproduce(tmp_path, capsys)
             config={"runs": [config]},
         )
 
-    script = _script("ch4_fewshot")
+    script = load_script("ch4_fewshot")
     key = "prompt|zero-shot|2"  # the same in every draw: it must come out exactly
     shifted = [v + 0.001 for v in entry["accuracy"][key]]
     moved = {**entry, "accuracy": {**entry["accuracy"], key: shifted}}
@@ -142,7 +132,7 @@ def test_the_second_worlds_redo_seeds_reruns_only_the_named_pretrainings(
     tiny = dataclasses.replace(one, pretrain_seeds=(7, 105))
     moved = {**record, "contrast": [v + 100.0 for v in record["contrast"]]}
     kept = {**moved, "seed": 7}
-    script = _script("ch4_second_world")
+    script = load_script("ch4_second_world")
     monkeypatch.setattr(
         script, "part_config", lambda name: tiny if name == "main" else None
     )

@@ -7,25 +7,16 @@ rounding path: tests/chapters/test_stored_runs.py.)
 Oracle: the page's own config cell; the result's shapes from the config.
 """
 
-import importlib.util
 import json
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from scripts_loader import load_script
 
 from fmlab.chapters import ch5_sgd_noise as ch5t
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location(
-        "noise_transfer_script", ROOT / "scripts" / "ch5_noise_transfer.py"
-    )
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    return script
 
 
 def _page_config():
@@ -47,7 +38,11 @@ def _page_config():
 def test_the_stored_run_is_the_pages_and_records_todays_code():
     config, res = ch5t.noise_transfer_results()
     page = _page_config()
-    assert config == page == ch5t.NoiseTransferConfig(**_script().PAGE_CONFIG)
+    assert (
+        config
+        == page
+        == ch5t.NoiseTransferConfig(**load_script("ch5_noise_transfer").PAGE_CONFIG)
+    )
     assert res["stored"]["script"] == "scripts/ch5_noise_transfer.py"
     M, E = 1 + len(page.continue_lrs), page.n_models
     assert res["gap"].shape == res["trace_log_encoder"].shape == (M, E)

@@ -6,22 +6,14 @@ rounding path: tests/chapters/test_stored_runs.py.)
 Oracle: the page's own config cell.
 """
 
-import importlib.util
 import json
 from pathlib import Path
+
+from scripts_loader import load_script
 
 from fmlab.chapters import ch5_implicit_bias as ch5
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location(
-        "same_loss_script", ROOT / "scripts" / "ch5_same_loss.py"
-    )
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    return script
 
 
 def _page_config():
@@ -40,7 +32,9 @@ def _page_config():
 def test_the_stored_run_is_the_pages_and_records_todays_code():
     config, res = ch5.same_loss_results()
     page = _page_config()
-    assert config == page == ch5.SameLossConfig(**_script().PAGE_CONFIG)
+    assert (
+        config == page == ch5.SameLossConfig(**load_script("ch5_same_loss").PAGE_CONFIG)
+    )
     assert res["stored"]["script"] == "scripts/ch5_same_loss.py"
     assert res["adversarial_gap"].shape == (page.n_models,)
     assert res["recovery0_accuracy"].shape == (3, page.n_models, 2)

@@ -8,6 +8,7 @@ autograd, and the exact conditionals of the HMM language.
 import pytest
 import torch
 import torch.nn.functional as F
+from scripts_loader import load_script
 
 from fmlab.chapters.ch5_sgd_noise import (
     NoiseTransferConfig,
@@ -274,9 +275,6 @@ def test_the_width_sweep_script_writes_what_the_page_reads(tmp_path, monkeypatch
     keeps the widths whose mean gaps are within the tolerance of the smallest. (The
     file's slice is the stored one's business: tests/chapters/test_stored_runs.py
     reruns it; here it is a stand-in, so that this test trains only the tiny runs.)"""
-    import importlib.util
-    from pathlib import Path
-
     from fmlab.chapters.ch5_sgd_noise import (
         WidthSweepConfig,
         width_sweep_compared,
@@ -284,12 +282,7 @@ def test_the_width_sweep_script_writes_what_the_page_reads(tmp_path, monkeypatch
         width_sweep_run,
     )
 
-    root = Path(__file__).resolve().parents[2]
-    spec = importlib.util.spec_from_file_location(
-        "sweep", root / "scripts" / "ch5_width_sweep.py"
-    )
-    sweep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sweep)
+    sweep = load_script("ch5_width_sweep")
     monkeypatch.setattr(sweep, "_slice", lambda: {"config": {}, "result": {}})
     out = tmp_path / "w.json"
     args = ["--widths", "16", "32", "--seeds", "2", "--per-job", "2", "--steps", "3"]

@@ -1,12 +1,12 @@
 """The size sweep of Chapter 5 in the paper's design (fmlab.chapters.ch5_size)."""
 
 import dataclasses
-import importlib.util
 import re
 from pathlib import Path
 
 import pytest
 import torch
+from scripts_loader import load_script
 
 from fmlab.chapters import ch5_size
 from fmlab.chapters.ch5_implicit_bias import mlm_fisher_trace
@@ -77,12 +77,7 @@ def test_the_size_script_writes_what_the_page_reads(tmp_path, monkeypatch):
     """A tiny sweep (two sizes, two replicates, a few steps) through the script: the
     file loads with today's fingerprint, every replicate has a gap and an accuracy per
     probe size, and size_sweep_compared keeps the sizes near the smallest mean gap."""
-    root = Path(__file__).resolve().parents[2]
-    spec = importlib.util.spec_from_file_location(
-        "size_sweep", root / "scripts" / "ch5_size_sweep.py"
-    )
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("ch5_size_sweep")
     out = tmp_path / "s.json"
     tiny = dict(sizes=(8,), n_models=3, steps=3, probe_sizes=(20,), n_probe_test=50)
     monkeypatch.setattr(ch5_size, "SIZE_SWEEP_SLICE", tiny)  # the file's slice
